@@ -1,0 +1,50 @@
+"""Which rollout-side parts exist, decided from the spec alone (miles' replay fix).
+
+Every construction decision on the rollout side goes through :func:`plan_rollout_side`, so the
+rule lives in one place and is covered by a table test over mode x FT enabled x components.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RolloutSidePlan:
+    """What the runtime constructs on the rollout side for one job."""
+
+    start_engines: bool
+    """sglang engines (and a router when there are several) are launched and kept alive."""
+    construct_rollout_function: bool
+    """A rollout function object exists. Replay never builds the generating one: engine counts
+    would be computed from absent rollout sizes (the miles `int * None` crash)."""
+    health_monitors: bool
+    """One health monitor thread per engine group probing /health_generate."""
+    fault_injection: bool
+    """Test fault injection into engines is allowed."""
+    recover_before_weight_sync: bool
+    """Dead engines are restarted before each weight sync."""
+    eval_fleet_self_probe: bool
+    """The eval fleet probes its own engines before use (no monitor watches them)."""
+
+    @property
+    def rollout_ft(self) -> bool:
+        """Rollout-side fault tolerance is active."""
+        return self.health_monitors
+
+
+def plan_rollout_side(mode: str, ft_enabled: bool, ft_components: Iterable[str]) -> RolloutSidePlan:
+    """Decide the rollout side for ``mode`` (forge|debug) and the fault-tolerance settings."""
+    if mode not in ("forge", "debug"):
+        raise ValueError(f"unknown replay mode {mode!r} (expected forge or debug)")
+    engines = mode == "forge"
+    rollout_ft = engines and ft_enabled and "rollout" in set(ft_components)
+    return RolloutSidePlan(
+        start_engines=engines,
+        construct_rollout_function=False,
+        health_monitors=rollout_ft,
+        fault_injection=rollout_ft,
+        recover_before_weight_sync=rollout_ft,
+        eval_fleet_self_probe=engines and not rollout_ft,
+    )
