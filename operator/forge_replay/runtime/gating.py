@@ -17,8 +17,9 @@ class RolloutSidePlan:
     start_engines: bool
     """sglang engines (and a router when there are several) are launched and kept alive."""
     construct_rollout_function: bool
-    """A rollout function object exists. Replay never builds the generating one: engine counts
-    would be computed from absent rollout sizes (the miles `int * None` crash)."""
+    """The replay rollout function (slime's forge_load, ``forge_replay.replay.generate_rollout``)
+    is constructed. Debug mode reads dumps straight into the trainer and constructs none: nothing
+    there may compute engine counts from an absent rollout section (the miles `int * None` crash)."""
     health_monitors: bool
     """One health monitor thread per engine group probing /health_generate."""
     fault_injection: bool
@@ -42,7 +43,7 @@ def plan_rollout_side(mode: str, ft_enabled: bool, ft_components: Iterable[str])
     rollout_ft = engines and ft_enabled and "rollout" in set(ft_components)
     return RolloutSidePlan(
         start_engines=engines,
-        construct_rollout_function=False,
+        construct_rollout_function=engines,
         health_monitors=rollout_ft,
         fault_injection=rollout_ft,
         recover_before_weight_sync=rollout_ft,
