@@ -12,14 +12,14 @@ import click
 
 from forge_replay import __version__
 
-# name -> "module:attribute" of a click command; imported only when that command runs.
-LAZY_COMMANDS: dict[str, str] = {
-    "validate": "forge_replay.api.cli:validate",
-    "crd": "forge_replay.api.cli:crd",
-    "dumps": "forge_replay.dumps.cli:dumps",
-    "run": "forge_replay.runtime.cli:run",
-    "render": "forge_replay.controller.cli:render",
-    "operator": "forge_replay.controller.cli:operator",
+# name -> ("module:attribute" of a click command, one-line help); imported only when that command runs.
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "validate": ("forge_replay.api.cli:validate", "Check ForgeReplayJob YAML files against the API rules."),
+    "crd": ("forge_replay.api.cli:crd", "Print the ForgeReplayJob CRD generated from the API models."),
+    "dumps": ("forge_replay.dumps.cli:dumps", "Inspect, verify, synthesize and pack rollout dumps."),
+    "run": ("forge_replay.runtime.cli:run", "Run a ForgeReplayJob on this machine with a local Ray."),
+    "render": ("forge_replay.controller.cli:render", "Print the Kubernetes objects the operator would create."),
+    "operator": ("forge_replay.controller.cli:operator", "Run the kopf operator that reconciles ForgeReplayJobs."),
 }
 
 
@@ -30,11 +30,16 @@ class LazyGroup(click.Group):
         return sorted(LAZY_COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = LAZY_COMMANDS.get(name)
-        if target is None:
+        entry = LAZY_COMMANDS.get(name)
+        if entry is None:
             return None
-        module_name, attr = target.split(":")
+        module_name, attr = entry[0].split(":")
         return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Listing commands must not import them (torch and ray take seconds to import).
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, LAZY_COMMANDS[name][1]) for name in self.list_commands(ctx)])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

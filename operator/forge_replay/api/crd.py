@@ -1,0 +1,222 @@
+"""Generate the ForgeReplayJob CRD from the pydantic models (never edited by hand).
+
+The pydantic JSON schema is turned into a Kubernetes structural schema: references inlined,
+Optional as ``nullable``, no ``type: null``, bounds in OpenAPI v3.0 form, defaults kept, free-form
+maps marked ``x-kubernetes-preserve-unknown-fields``, and each cross-field rule's CEL twin attached
+where it belongs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from forge_replay.api.models import (
+    CATEGORIES,
+    CROSS_FIELD_RULES,
+    DNS1035_LABEL,
+    GROUP,
+    KIND,
+    MAX_NAME_LENGTH,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    ForgeReplayJobSpec,
+    ForgeReplayJobStatus,
+)
+
+CRD_NAME = f"{PLURAL}.{GROUP}"
+CRD_FILE = f"crds/{CRD_NAME}.yaml"
+HEADER = "# Generated from the pydantic models by `forge-replay crd`; do not edit by hand.\n"
+
+# Free-form maps: their contents are the user's (HF config, sglang flags), not ours to prune.
+_FREE_FORM = {("model", "config"), ("rollout", "engineArgs")}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
+            extra = {k: v for k, v in node.items() if k != "$ref"}
+            target.update(extra)
+            return _inline(target, defs)
+        return {k: _inline(v, defs) for k, v in node.items() if k != "$defs"}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
+def _structural(node: dict[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Rewrite one (inlined) JSON-schema node as a structural OpenAPI v3 schema node."""
+    node = dict(node)
+    node.pop("title", None)
+    nullable = False
+    if "anyOf" in node:
+        alternatives = node.pop("anyOf")
+        options = [o for o in alternatives if o.get("type") != "null"]
+        nullable = len(options) < len(alternatives)
+        if len(options) != 1:
+            raise ValueError(f"{'.'.join(path)}: unions other than Optional[X] cannot be structural")
+        merged = dict(options[0])
+        merged.update({k: v for k, v in node.items() if k not in ("anyOf",)})
+        node = merged
+        node.pop("title", None)
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    if node.get("default", 0) is None:
+        node.pop("default")
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in node and not isinstance(node[bound], bool):
+            node[plain] = node.pop(bound)
+            node[bound] = True
+    if "enum" in node and "type" not in node:
+        node["type"] = "string"
+
+    if path[-2:] in _FREE_FORM or node.get("x-kubernetes-preserve-unknown-fields"):
+        node = {
+            "type": "object",
+            "description": node.get("description", ""),
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
+    elif node.get("type") == "object":
+        if "properties" in node:
+            node["properties"] = {
+                name: _structural(child, path + (name,)) for name, child in node["properties"].items()
+            }
+            node.pop("additionalProperties", None)
+        elif isinstance(node.get("additionalProperties"), dict):
+            node["additionalProperties"] = _structural(node["additionalProperties"], path + ("*",))
+        elif node.get("additionalProperties") is True or "additionalProperties" not in node:
+            node.pop("additionalProperties", None)
+            node["x-kubernetes-preserve-unknown-fields"] = True
+    elif node.get("type") == "array":
+        node["items"] = _structural(node["items"], path + ("[]",))
+        if node["items"].get("type") in ("string", "integer") and "enum" in node["items"]:
+            node["x-kubernetes-list-type"] = "set"
+    if nullable:
+        node["nullable"] = True
+    return node
+
+
+def _node_at(schema: dict[str, Any], dotted: str) -> dict[str, Any]:
+    node = schema
+    for part in filter(None, dotted.split(".")):
+        node = node["properties"][part]
+    return node
+
+
+def _add_object_defaults(node: dict[str, Any], model_cls: Any) -> None:
+    """Give nested objects with default factories ``default: {}`` so the server fills their defaults."""
+    from pydantic import BaseModel
+
+    for name, field in model_cls.model_fields.items():
+        alias = field.alias or name
+        child = node.get("properties", {}).get(alias)
+        if child is None:
+            continue
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if field.default_factory is not None:
+                child["default"] = {}
+            _add_object_defaults(child, annotation)
+
+
+def spec_schema() -> dict[str, Any]:
+    """Structural schema of ``.spec``, with CEL rules."""
+    raw = ForgeReplayJobSpec.model_json_schema(by_alias=True, mode="validation")
+    schema = _structural(_inline(raw, raw.get("$defs", {})))
+    _add_object_defaults(schema, ForgeReplayJobSpec)
+    for rule in CROSS_FIELD_RULES:
+        node = _node_at(schema, rule.at)
+        entry: dict[str, Any] = {"rule": rule.cel, "message": rule.message}
+        if rule.field_path:
+            entry["fieldPath"] = rule.field_path
+        node.setdefault("x-kubernetes-validations", []).append(entry)
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    """Explicit structural schema of ``.status`` (so the server keeps what the operator writes)."""
+    raw = ForgeReplayJobStatus.model_json_schema(by_alias=True, mode="serialization")
+    schema = _structural(_inline(raw, raw.get("$defs", {})))
+    conditions = schema["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    conditions["items"].setdefault("required", ["type", "status"])
+    return schema
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object."""
+    root = {
+        "type": "object",
+        "description": "A replay-mode RL training job: sglang engines plus a torch trainer that replays dumped rollouts.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "forgereplay.io/v1alpha1"},
+            "kind": {"type": "string", "description": "ForgeReplayJob"},
+            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "spec": spec_schema(),
+            "status": status_schema(),
+        },
+        "x-kubernetes-validations": [
+            {
+                "rule": f"!has(self.metadata.name) || self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+                "message": f"metadata.name: at most {MAX_NAME_LENGTH} characters (KubeRay's RayJob name limit)",
+            },
+            {
+                "rule": f"!has(self.metadata.name) || self.metadata.name.matches('{DNS1035_LABEL}')",
+                "message": "metadata.name: must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter)",
+            },
+        ],
+    }
+    root["properties"]["spec"]["description"] = "The desired replay job."
+    root["properties"]["status"]["description"] = "Observed state, written by the operator."
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/name": "forge-replay", "app.kubernetes.io/component": "crd"},
+        },
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+                "categories": CATEGORIES,
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Mode", "type": "string", "jsonPath": ".spec.replay.mode"},
+                        {"name": "Done", "type": "integer", "jsonPath": ".status.rollouts.completed",
+                         "description": "Rollouts trained"},
+                        {"name": "Rollouts", "type": "integer", "jsonPath": ".spec.replay.numRollouts",
+                         "description": "Rollouts to train"},
+                        {"name": "Peak GiB", "type": "number", "jsonPath": ".status.memory.peakAllocatedGiB",
+                         "description": "Peak GPU memory allocated by any rank"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    """The CRD as the YAML committed in crds/ (header comment included)."""
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=120)

@@ -1,0 +1,690 @@
+"""ForgeReplayJob v1alpha1: the pydantic models are the single source of truth for the API.
+
+The CRD schema (``forge_replay.api.crd``) is generated from these models, and the cross-field
+rules below carry both their Python check and their CEL twin, so the API server and the operator
+refuse the same specs with the same field path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from forge_replay.api.dump_path import is_template, path_problem
+
+GROUP = "forgereplay.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ForgeReplayJob"
+PLURAL = "forgereplayjobs"
+SINGULAR = "forgereplayjob"
+SHORT_NAMES = ["frj"]
+CATEGORIES = ["forge-replay"]
+
+MAX_NAME_LENGTH = 47  # KubeRay's RayJob name limit
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+MAX_PATH_LENGTH = 4096
+
+FT_COMPONENTS = ("train", "rollout")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a spec is refused: a dotted field path (camelCase, as in YAML) and a message."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecInvalid(ValueError):
+    """A ForgeReplayJob (or a part of one) breaks the API rules; ``problems`` says where and why."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class _Model(BaseModel):
+    """Base: camelCase aliases, unknown fields rejected, assignment validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=False,
+    )
+
+
+def _desc(text: str) -> Any:
+    return Field(description=text)
+
+
+# ----------------------------------------------------------------------------------- spec parts
+
+
+class DumpsSpec(_Model):
+    """Where the rollout dumps are."""
+
+    claim_name: str = Field(
+        description="PersistentVolumeClaim holding the dumps; always mounted read-only.",
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+    )
+    path: str = Field(
+        description=(
+            "Dump file relative to the PVC root: a literal path (reused for every rollout) or a template "
+            "whose only placeholder is {rollout_id} (rollout N reads rollout_id=N, eval N reads eval_N)."
+        ),
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+    )
+    fallback_to_first: bool = Field(
+        default=True,
+        description=(
+            "Training only: a missing rollout file falls back to rollout 0's file. Every fallback is "
+            "logged, counted and reported."
+        ),
+    )
+
+
+class ReplaySpec(_Model):
+    """What is replayed and how."""
+
+    mode: Literal["forge", "debug"] = Field(
+        description=(
+            "forge: sglang engines are started and kept alive (router, health, weight sync) while rollouts "
+            "are replayed; debug: train from the dumps with no sglang at all."
+        )
+    )
+    dumps: DumpsSpec = _desc("Location of the rollout dumps (slime/miles save_debug_rollout_data format).")
+    num_rollouts: int = Field(ge=1, le=1_000_000, description="Number of rollouts (training steps) to replay.")
+    start_rollout_id: int = Field(default=0, ge=0, le=1_000_000, description="First rollout id replayed.")
+    eval_interval: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Evaluate every N rollouts from eval_N dumps (no fallback); 0 disables eval.",
+    )
+    verify: bool = Field(
+        default=True,
+        description="Check that every needed dump exists and loads safely before any GPU is requested.",
+    )
+    reward_key: str | None = Field(
+        default=None, max_length=253, description="Key of the reward to train on when dump rewards are dicts."
+    )
+    eval_reward_key: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Key of the reward reported for eval when dump rewards are dicts (defaults to rewardKey).",
+    )
+
+
+class ModelSpec(_Model):
+    """The trained model: a config (random init, enough for memory tests) or a checkpoint on a PVC."""
+
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="Hugging Face model config (as in config.json); the weights are randomly initialized.",
+    )
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="PersistentVolumeClaim holding the checkpoint; mounted read-only. Needed with path.",
+    )
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="Hugging Face checkpoint directory relative to the claim's root.",
+    )
+
+
+class TrainerSpec(_Model):
+    """The builtin FSDP trainer."""
+
+    nodes: int = Field(default=1, ge=1, le=4096, description="Trainer nodes (Ray worker pods).")
+    gpus_per_node: int = Field(
+        default=8, ge=0, le=64, description="GPUs per trainer node; 0 trains on CPUs (local runs, smoke tests)."
+    )
+    micro_batch_tokens: int = Field(
+        default=65536, ge=1, description="Micro-batches are packed with samples up to this many tokens."
+    )
+    gradient_checkpointing: bool = Field(default=True, description="Recompute activations in the backward pass.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Parameter and compute dtype."
+    )
+    learning_rate: float = Field(default=1.0e-6, gt=0, description="AdamW learning rate.")
+    clip_eps: float = Field(default=0.2, gt=0, description="Lower PPO/GRPO ratio clip: ratio >= 1 - clipEps.")
+    clip_eps_high: float | None = Field(
+        default=None, gt=0, description="Upper ratio clip: ratio <= 1 + clipEpsHigh; defaults to clipEps."
+    )
+    n_samples_per_prompt: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "GRPO group size (consecutive samples); when unset, samples are grouped by their group_index."
+        ),
+    )
+    normalize_advantage_std: bool = Field(
+        default=True, description="Divide group-centred rewards by the group's std (+1e-6)."
+    )
+    seed: int = Field(default=1234, ge=0, description="Random seed (model init, data order).")
+    memory_snapshot: bool = Field(
+        default=False, description="On GPU, also write a torch CUDA memory snapshot per rank to the results."
+    )
+
+    @model_validator(mode="after")
+    def _default_clip_eps_high(self) -> TrainerSpec:
+        if self.clip_eps_high is None:
+            self.clip_eps_high = self.clip_eps
+        return self
+
+
+class RolloutSpec(_Model):
+    """The sglang engines kept alive in forge mode."""
+
+    num_gpus: int = Field(ge=1, le=65536, description="GPUs for all engines together.")
+    num_gpus_per_engine: int = Field(ge=1, le=64, description="GPUs per engine; must divide numGpus.")
+    server_concurrency: int = Field(default=512, ge=1, description="Concurrent requests per engine server.")
+    colocate: bool = Field(default=False, description="Engines share the trainer's GPUs.")
+    engine_args: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra sglang server arguments, passed as "--key value" (e.g. mem-fraction-static: "0.7").',
+    )
+
+    @field_validator("engine_args", mode="before")
+    @classmethod
+    def _scalars_as_strings(cls, value: Any) -> Any:
+        # YAML users write `context-length: 65536`; sglang receives text either way.
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            for key, item in value.items():
+                if isinstance(item, bool):
+                    out[key] = "true" if item else "false"
+                elif isinstance(item, (int, float)):
+                    out[key] = str(item)
+                else:
+                    out[key] = item
+            return out
+        return value
+
+    @field_validator("engine_args")
+    @classmethod
+    def _no_dashes(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key or key.startswith("-"):
+                raise ValueError(f"key {key!r} must be an sglang argument name without leading dashes")
+        return value
+
+    @property
+    def num_engines(self) -> int:
+        """Number of engine servers."""
+        return self.num_gpus // self.num_gpus_per_engine
+
+
+class HealthCheckSpec(_Model):
+    """Engine health probes (rollout-side fault tolerance)."""
+
+    interval_seconds: int = Field(default=30, ge=1, le=86400, description="Seconds between /health_generate probes.")
+    timeout_seconds: int = Field(default=30, ge=1, le=86400, description="Seconds before a probe counts as failed.")
+    first_wait_seconds: int = Field(default=0, ge=0, le=86400, description="Seconds to wait before the first probe.")
+
+
+class FaultToleranceSpec(_Model):
+    """Fault tolerance; rollout-side lifecycle work runs only when `rollout` is among the components."""
+
+    enabled: bool = Field(default=False, description="Turn fault tolerance on.")
+    components: list[Literal["train", "rollout"]] | None = Field(
+        default=None,
+        max_length=2,
+        description="Subset of {train, rollout}; [rollout] when enabled and unset. Only allowed when enabled.",
+    )
+    health_check: HealthCheckSpec = Field(
+        default_factory=HealthCheckSpec, description="Engine health probe timing."
+    )
+
+    @property
+    def active_components(self) -> list[str]:
+        """The components fault tolerance acts on (empty when disabled)."""
+        if not self.enabled:
+            return []
+        return list(self.components) if self.components is not None else ["rollout"]
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration (core/v1)."""
+
+    key: str | None = Field(default=None, description="Taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value (with operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; all effects when empty."
+    )
+    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
+
+
+class SchedulingSpec(_Model):
+    """Where the GPU pods land."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels for the GPU pods (e.g. nvidia.com/gpu.product: NVIDIA-H200)."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for the GPU pods.")
+    priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the GPU pods.")
+    queue_name: str = Field(
+        default="",
+        max_length=63,
+        description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name and creates the RayJob suspended.",
+    )
+
+
+class ResultsSpec(_Model):
+    """Where reports go."""
+
+    claim_name: str = Field(
+        default="",
+        max_length=253,
+        description="Optional PVC (read-write) for reports: memory report JSON, plots, snapshots.",
+    )
+
+    @field_validator("claim_name")
+    @classmethod
+    def _dns_or_empty(cls, value: str) -> str:
+        import re
+
+        if value and not re.match(DNS1123_SUBDOMAIN, value):
+            raise ValueError(f"{value!r} is not a valid PVC name (a DNS-1123 subdomain: lowercase, digits, '-', '.')")
+        return value
+
+
+# ------------------------------------------------------------------------------- cross-field rules
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """A rule over several fields: its Python check and its CEL twin for the CRD.
+
+    ``at`` is the schema node (dotted, relative to spec; "" is spec itself) that carries the CEL rule,
+    ``field_path`` the CEL fieldPath relative to that node, ``check`` returns the problems of a spec.
+    """
+
+    at: str
+    cel: str
+    message: str
+    field_path: str
+    check: Callable[[ForgeReplayJobSpec], list[Problem]]
+
+
+def _forge_needs_rollout(spec: ForgeReplayJobSpec) -> list[Problem]:
+    if spec.replay.mode == "forge" and spec.rollout is None:
+        return [Problem("spec.rollout", "required in forge mode (the sglang engines kept alive while replaying)")]
+    return []
+
+
+def _debug_forbids_rollout(spec: ForgeReplayJobSpec) -> list[Problem]:
+    if spec.replay.mode == "debug" and spec.rollout is not None:
+        return [Problem("spec.rollout", "must be absent in debug mode: debug replay never starts sglang engines")]
+    return []
+
+
+def _engines_divide(spec: ForgeReplayJobSpec) -> list[Problem]:
+    r = spec.rollout
+    if r is not None and r.num_gpus % r.num_gpus_per_engine:
+        return [
+            Problem(
+                "spec.rollout.numGpusPerEngine",
+                f"must divide spec.rollout.numGpus ({r.num_gpus} is not divisible by {r.num_gpus_per_engine})",
+            )
+        ]
+    return []
+
+
+def _colocate_fits(spec: ForgeReplayJobSpec) -> list[Problem]:
+    r, t = spec.rollout, spec.trainer
+    if r is not None and r.colocate and r.num_gpus > t.nodes * t.gpus_per_node:
+        return [
+            Problem(
+                "spec.rollout.numGpus",
+                f"colocated engines share the trainer's GPUs: {r.num_gpus} is more than "
+                f"spec.trainer.nodes x spec.trainer.gpusPerNode = {t.nodes * t.gpus_per_node}",
+            )
+        ]
+    return []
+
+
+def _components_need_enabled(spec: ForgeReplayJobSpec) -> list[Problem]:
+    ft = spec.fault_tolerance
+    if not ft.enabled and ft.components:
+        return [
+            Problem(
+                "spec.faultTolerance.components",
+                "given while spec.faultTolerance.enabled is false; set enabled: true or remove components",
+            )
+        ]
+    return []
+
+
+def _components_nonempty(spec: ForgeReplayJobSpec) -> list[Problem]:
+    ft = spec.fault_tolerance
+    if ft.enabled and ft.components is not None and not ft.components:
+        return [Problem("spec.faultTolerance.components", "must select at least one of train, rollout when enabled")]
+    return []
+
+
+def _components_unique(spec: ForgeReplayJobSpec) -> list[Problem]:
+    comps = spec.fault_tolerance.components or []
+    repeated = sorted({c for c in comps if comps.count(c) > 1})
+    if repeated:
+        return [Problem("spec.faultTolerance.components", f"repeats {', '.join(repeated)}; list each component once")]
+    return []
+
+
+def _no_rollout_ft_in_debug(spec: ForgeReplayJobSpec) -> list[Problem]:
+    ft = spec.fault_tolerance
+    if spec.replay.mode == "debug" and "rollout" in ft.active_components:
+        how = "is selected" if ft.components is not None else "is the default when components is unset"
+        return [
+            Problem(
+                "spec.faultTolerance.components",
+                f"rollout {how}, but debug mode has no engines to watch; use components: [train]",
+            )
+        ]
+    return []
+
+
+def _dumps_path_ok(spec: ForgeReplayJobSpec) -> list[Problem]:
+    problem = path_problem(spec.replay.dumps.path)
+    return [Problem("spec.replay.dumps.path", problem)] if problem else []
+
+
+def _eval_needs_template(spec: ForgeReplayJobSpec) -> list[Problem]:
+    rp = spec.replay
+    if rp.eval_interval > 0 and not is_template(rp.dumps.path):
+        return [
+            Problem(
+                "spec.replay.evalInterval",
+                f"eval reads eval_N dumps and needs a {{rollout_id}} template in spec.replay.dumps.path "
+                f"({rp.dumps.path!r} is literal); set evalInterval: 0 or use a template",
+            )
+        ]
+    return []
+
+
+def _model_one_source(spec: ForgeReplayJobSpec) -> list[Problem]:
+    m = spec.model
+    if (m.config is None) == (m.path is None):
+        which = "both are set" if m.config is not None else "neither is set"
+        return [Problem("spec.model", f"needs exactly one of config and path ({which})")]
+    return []
+
+
+def _model_path_needs_claim(spec: ForgeReplayJobSpec) -> list[Problem]:
+    m = spec.model
+    if m.path is not None and m.claim_name is None:
+        return [Problem("spec.model.claimName", "required with spec.model.path (the PVC holding the checkpoint)")]
+    return []
+
+
+def _model_path_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
+    m = spec.model
+    if m.path is not None and (m.path.startswith("/") or ".." in m.path.split("/")):
+        return [Problem("spec.model.path", f"must be relative to the claim's root, without '..' ({m.path!r})")]
+    return []
+
+
+# Placeholder syntax shared with dump_path.path_problem: only {rollout_id}, braces doubled otherwise.
+_CEL_TEMPLATE_OK = r"^([^{}]|\\{\\{|\\}\\}|\\{rollout_id\\})*$"
+_CEL_IS_TEMPLATE = r"(^|[^{])(\\{\\{)*\\{rollout_id\\}"
+
+CROSS_FIELD_RULES: list[CrossFieldRule] = [
+    CrossFieldRule(
+        "",
+        "self.replay.mode != 'forge' || has(self.rollout)",
+        "spec.rollout: required in forge mode (the sglang engines kept alive while replaying)",
+        ".rollout",
+        _forge_needs_rollout,
+    ),
+    CrossFieldRule(
+        "",
+        "self.replay.mode != 'debug' || !has(self.rollout)",
+        "spec.rollout: must be absent in debug mode: debug replay never starts sglang engines",
+        ".rollout",
+        _debug_forbids_rollout,
+    ),
+    CrossFieldRule(
+        "rollout",
+        "self.numGpus % self.numGpusPerEngine == 0",
+        "spec.rollout.numGpusPerEngine: must divide spec.rollout.numGpus",
+        ".numGpusPerEngine",
+        _engines_divide,
+    ),
+    CrossFieldRule(
+        "",
+        "!has(self.rollout) || !has(self.rollout.colocate) || !self.rollout.colocate || "
+        "self.rollout.numGpus <= (has(self.trainer) && has(self.trainer.nodes) ? self.trainer.nodes : 1) * "
+        "(has(self.trainer) && has(self.trainer.gpusPerNode) ? self.trainer.gpusPerNode : 8)",
+        "spec.rollout.numGpus: colocated engines must fit on the trainer's GPUs (nodes x gpusPerNode)",
+        ".rollout.numGpus",
+        _colocate_fits,
+    ),
+    CrossFieldRule(
+        "faultTolerance",
+        "(has(self.enabled) && self.enabled) || !has(self.components) || size(self.components) == 0",
+        "spec.faultTolerance.components: given while spec.faultTolerance.enabled is false",
+        ".components",
+        _components_need_enabled,
+    ),
+    CrossFieldRule(
+        "faultTolerance",
+        "!has(self.enabled) || !self.enabled || !has(self.components) || size(self.components) > 0",
+        "spec.faultTolerance.components: must select at least one of train, rollout when enabled",
+        ".components",
+        _components_nonempty,
+    ),
+    CrossFieldRule(
+        "faultTolerance",
+        "!has(self.components) || self.components.all(c, self.components.filter(d, d == c).size() == 1)",
+        "spec.faultTolerance.components: list each component once",
+        ".components",
+        _components_unique,
+    ),
+    CrossFieldRule(
+        "",
+        "self.replay.mode != 'debug' || !has(self.faultTolerance) || !has(self.faultTolerance.enabled) || "
+        "!self.faultTolerance.enabled || "
+        "(has(self.faultTolerance.components) && !('rollout' in self.faultTolerance.components))",
+        "spec.faultTolerance.components: debug mode has no engines to watch; use components: [train]",
+        ".faultTolerance.components",
+        _no_rollout_ft_in_debug,
+    ),
+    CrossFieldRule(
+        "replay.dumps",
+        "!self.path.startsWith('/') && !self.path.matches('(^|/)\\\\.\\\\.(/|$)') && "
+        f"self.path.matches('{_CEL_TEMPLATE_OK}')",
+        "spec.replay.dumps.path: must be relative, without '..', and its only placeholder is {rollout_id}",
+        ".path",
+        _dumps_path_ok,
+    ),
+    CrossFieldRule(
+        "replay",
+        f"!has(self.evalInterval) || self.evalInterval == 0 || self.dumps.path.matches('{_CEL_IS_TEMPLATE}')",
+        "spec.replay.evalInterval: eval reads eval_N dumps and needs a {rollout_id} template in dumps.path",
+        ".evalInterval",
+        _eval_needs_template,
+    ),
+    CrossFieldRule(
+        "model",
+        "has(self.config) != has(self.path)",
+        "spec.model: needs exactly one of config and path",
+        "",
+        _model_one_source,
+    ),
+    CrossFieldRule(
+        "model",
+        "!has(self.path) || has(self.claimName)",
+        "spec.model.claimName: required with spec.model.path",
+        ".claimName",
+        _model_path_needs_claim,
+    ),
+    CrossFieldRule(
+        "model",
+        "!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)\\\\.\\\\.(/|$)'))",
+        "spec.model.path: must be relative to the claim's root, without '..'",
+        ".path",
+        _model_path_relative,
+    ),
+]
+
+
+class ForgeReplayJobSpec(_Model):
+    """The desired replay job."""
+
+    replay: ReplaySpec = _desc("What is replayed: mode, dumps, rollouts, eval and pre-flight verification.")
+    model: ModelSpec = _desc("The trained model: exactly one of config (random init) and path (checkpoint).")
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The builtin FSDP trainer.")
+    rollout: RolloutSpec | None = Field(
+        default=None, description="sglang engines; required in forge mode, forbidden in debug mode."
+    )
+    fault_tolerance: FaultToleranceSpec = Field(
+        default_factory=FaultToleranceSpec, description="Fault tolerance and its components (train, rollout)."
+    )
+    image: str = Field(default="", max_length=1024, description="Runtime image; the operator's default when empty.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Placement of the GPU pods.")
+    suspend: bool = Field(default=False, description="Suspend the job (the RayJob is suspended, its pods deleted).")
+    ttl_seconds_after_finished: int = Field(
+        default=86400, ge=0, description="Seconds a finished job's Ray cluster is kept before it is deleted."
+    )
+    results: ResultsSpec = Field(default_factory=ResultsSpec, description="Where reports are written.")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> ForgeReplayJobSpec:
+        problems = [p for rule in CROSS_FIELD_RULES for p in rule.check(self)]
+        if problems:
+            raise SpecInvalid(problems)
+        return self
+
+
+# ----------------------------------------------------------------------------------------- status
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    type: str = _desc("Condition type: Ready, Reconciling, Stalled, SpecValid, DumpsVerified, ClusterReady.")
+    status: Literal["True", "False", "Unknown"] = _desc("True, False or Unknown.")
+    reason: str = Field(default="", description="One-word CamelCase reason.")
+    message: str = Field(default="", description="Human-readable details.")
+    last_transition_time: str | None = Field(default=None, description="When the status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="The spec generation this was computed from.")
+
+
+class RolloutProgress(_Model):
+    """Rollouts trained so far."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    completed: int = Field(default=0, description="Rollouts trained.")
+    total: int = Field(default=0, description="Rollouts to train.")
+
+
+class MemoryPeak(_Model):
+    """The highest GPU memory peak over all ranks and steps."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    peak_allocated_gib: float | None = Field(
+        default=None, alias="peakAllocatedGiB", description="Peak allocated memory (GiB)."
+    )
+    peak_reserved_gib: float | None = Field(
+        default=None, alias="peakReservedGiB", description="Peak reserved memory (GiB)."
+    )
+    rank: int | None = Field(default=None, description="The trainer rank that reached the peak.")
+
+
+PHASES = ("Pending", "Verifying", "Launching", "Running", "Succeeded", "Failed", "Suspended")
+
+
+class ForgeReplayJobStatus(_Model):
+    """Observed state, written by the operator."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    phase: Literal["Pending", "Verifying", "Launching", "Running", "Succeeded", "Failed", "Suspended"] | None = (
+        Field(default=None, description="Pending, Verifying, Launching, Running, Succeeded, Failed or Suspended.")
+    )
+    observed_generation: int | None = Field(default=None, description="The spec generation last acted on.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, Reconciling, Stalled and more.")
+    ray_job_name: str | None = Field(default=None, description="The KubeRay RayJob running the replay.")
+    ray_cluster_name: str | None = Field(default=None, description="The RayCluster KubeRay created.")
+    rollouts: RolloutProgress | None = Field(default=None, description="Rollouts completed out of the total.")
+    memory: MemoryPeak | None = Field(default=None, description="GPU memory peak published by the runtime.")
+    fallbacks: int | None = Field(default=None, description="Rollouts trained from rollout 0's file (fallback).")
+    start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
+    completion_time: str | None = Field(default=None, description="When the job finished (RFC 3339).")
+    message: str | None = Field(default=None, description="What is happening now, or why it failed.")
+
+
+# ------------------------------------------------------------------------------------------ root
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metav1.ObjectMeta forge-replay reads; everything else is kept as is."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str | None = None
+    generate_name: str | None = Field(default=None, alias="generateName")
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    uid: str | None = None
+    generation: int | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_rules(cls, name: str | None) -> str | None:
+        import re
+
+        if name is None:
+            return name
+        if len(name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                f"{name!r} has {len(name)} characters; at most {MAX_NAME_LENGTH} (KubeRay's RayJob name limit)"
+            )
+        if not re.match(DNS1035_LABEL, name):
+            raise ValueError(
+                f"{name!r} must be a DNS-1035 label: lowercase letters, digits and '-', "
+                "starting with a letter and ending with a letter or digit"
+            )
+        return name
+
+
+class ForgeReplayJob(_Model):
+    """A replay-mode RL training job."""
+
+    api_version: Literal["forgereplay.io/v1alpha1"] = Field(
+        default=API_VERSION, alias="apiVersion", description="forgereplay.io/v1alpha1"
+    )
+    kind: Literal["ForgeReplayJob"] = Field(default=KIND, description="ForgeReplayJob")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
+    spec: ForgeReplayJobSpec = _desc("The desired replay job.")
+    status: ForgeReplayJobStatus | None = Field(default=None, description="Observed state, written by the operator.")
+
+    @model_validator(mode="after")
+    def _needs_a_name(self) -> ForgeReplayJob:
+        if self.metadata.name is None and self.metadata.generate_name is None:
+            raise SpecInvalid([Problem("metadata.name", "required (a DNS-1035 label of at most 47 characters)")])
+        return self

@@ -1,0 +1,24 @@
+"""Progress the runtime publishes and the operator copies into the ForgeReplayJob's status."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from forge_replay.api.models import MemoryPeak, _Model
+
+PROGRESS_KEY = "progress.json"
+
+
+def progress_configmap_name(job_name: str) -> str:
+    """Name of the ConfigMap the runtime patches with progress."""
+    return f"{job_name}-progress"
+
+
+class ProgressReport(_Model):
+    """Rollouts done, the memory peak so far and fallbacks used (JSON under PROGRESS_KEY)."""
+
+    completed: int = Field(default=0, ge=0, description="Rollouts trained.")
+    total: int = Field(default=0, ge=0, description="Rollouts to train.")
+    memory: MemoryPeak | None = Field(default=None, description="Highest memory peak so far.")
+    fallbacks: int = Field(default=0, ge=0, description="Rollouts trained from rollout 0's file.")
+    updated_at: str | None = Field(default=None, description="When this report was written (RFC 3339).")

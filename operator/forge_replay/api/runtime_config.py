@@ -1,0 +1,43 @@
+"""The runtime's input: the validated job plus where its volumes are mounted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError
+
+from forge_replay.api import paths
+from forge_replay.api.models import ForgeReplayJob, Problem, SpecInvalid, _Model
+from forge_replay.api.parse import problems_from
+
+
+class RuntimeConfig(_Model):
+    """What `python -m forge_replay.runtime --config FILE` reads (the operator mounts it from a ConfigMap)."""
+
+    job: ForgeReplayJob = Field(description="The validated ForgeReplayJob (metadata and spec).")
+    dumps_root: str = Field(default=paths.DUMPS_MOUNT, description="Where the dumps PVC is mounted.")
+    results_dir: str | None = Field(default=paths.RESULTS_MOUNT, description="Where reports are written.")
+    model_root: str | None = Field(default=paths.MODEL_MOUNT, description="Where the model PVC is mounted.")
+    engine_command: str | None = Field(
+        default=None, description="Replaces `python -m sglang.launch_server` (any sglang-compatible server)."
+    )
+    progress_configmap: str | None = Field(
+        default=None, description="ConfigMap (in the job's namespace) the runtime patches with progress."
+    )
+
+    def to_yaml(self) -> str:
+        """Serialize as the YAML the runtime reads back."""
+        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> RuntimeConfig:
+        """Read and validate a runtime config file; errors name the file and the field."""
+        try:
+            doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise SpecInvalid([Problem("", f"{path}: cannot read runtime config: {exc}")]) from None
+        try:
+            return cls.model_validate(doc)
+        except ValidationError as exc:
+            raise SpecInvalid(problems_from(exc, cls)) from None
