@@ -1,0 +1,87 @@
+"""Reading and writing rollout dump files in slime's exact format (and the packed format)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from forge_replay.dumps.safe_pickle import DumpError, safe_load
+from forge_replay.dumps.sample import Sample, SampleError
+
+
+@dataclass
+class Dump:
+    """One dump file: the ``rollout_id`` stored in it, its samples, and where it was read from."""
+
+    rollout_id: int
+    samples: list[Sample]
+    path: str
+
+
+def load_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The dump's top-level dict ``{"rollout_id": int, "samples": [dict, ...]}``, read safely.
+
+    Packed dumps (``forge-replay dumps pack``) are read transparently. Raises DumpError.
+    """
+    from forge_replay.dumps import packed
+
+    path = os.fspath(path)
+    if packed.is_packed(path):
+        blob = packed.load_packed_raw(path)
+    else:
+        blob = safe_load(path)
+    check_top_level(blob, path)
+    return blob
+
+
+def check_top_level(blob: Any, path: str) -> None:
+    """Raise DumpError unless ``blob`` has slime's dump shape."""
+    if not isinstance(blob, dict):
+        raise DumpError(path, f"expected a dict with 'rollout_id' and 'samples', got {type(blob).__name__}")
+    missing = [key for key in ("rollout_id", "samples") if key not in blob]
+    if missing:
+        raise DumpError(path, f"missing top-level key(s) {missing}; found {sorted(map(str, blob))}")
+    if not isinstance(blob["rollout_id"], int) or isinstance(blob["rollout_id"], bool):
+        raise DumpError(path, f"'rollout_id' must be an int, got {blob['rollout_id']!r}")
+    if not isinstance(blob["samples"], list):
+        raise DumpError(path, f"'samples' must be a list, got {type(blob['samples']).__name__}")
+
+
+def load(path: str | os.PathLike[str]) -> Dump:
+    """Load a slime/miles dump safely (no pickled code runs); packed dumps are read transparently.
+
+    Raises DumpError (file-level problems) or SampleError (naming the file and sample index).
+    """
+    path = os.fspath(path)
+    blob = load_raw(path)
+    samples = [Sample.from_dict(d, index=i, where=path) for i, d in enumerate(blob["samples"])]
+    return Dump(rollout_id=blob["rollout_id"], samples=samples, path=path)
+
+
+def save(path: str | os.PathLike[str], rollout_id: int, samples: Iterable[Sample | dict[str, Any]]) -> None:
+    """Write ``torch.save({"rollout_id": ..., "samples": [s.to_dict() ...]}, path)`` like slime does.
+
+    The write is atomic (temporary file + rename) so a reader never sees half a dump.
+    """
+    import torch
+
+    path = os.fspath(path)
+    dicts = [s.to_dict() if isinstance(s, Sample) else dict(s) for s in samples]
+    blob = {"rollout_id": int(rollout_id), "samples": dicts}
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(blob, handle)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+__all__ = ["Dump", "DumpError", "SampleError", "check_top_level", "load", "load_raw", "save"]

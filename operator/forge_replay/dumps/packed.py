@@ -1,0 +1,231 @@
+"""The packed dump format: flat arrays + offsets for the big per-token fields, memory-mappable.
+
+Layout (little endian)::
+
+    b"FRPACK\\x00\\x01"  u64 header_length  header (JSON)  ... 64-byte aligned arrays ...  rest
+
+For every packed column (``tokens``, ``loss_mask``, ``rollout_log_probs``, ``teacher_log_probs``)
+the file holds ``<col>.values`` (all samples concatenated), ``<col>.offsets`` (int64, n + 1) and
+``<col>.packed`` (uint8, n: 1 when sample i's value is a plain list stored in the arrays). Every
+other field, and any column value that is not a plain list of ints/floats (a tensor, None), stays
+in ``rest``: a ``torch.save`` archive of the per-sample dicts, read with the safe loader. So a
+packed dump round-trips to exactly the dicts it was made from.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from forge_replay.dumps.safe_pickle import DumpError, safe_load_bytes
+
+MAGIC = b"FRPACK\x00\x01"
+FORMAT_VERSION = 1
+ALIGN = 64
+# column -> element kind ("int" columns pick the smallest signed dtype that holds them).
+PACKED_COLUMNS: dict[str, str] = {
+    "tokens": "int",
+    "loss_mask": "int",
+    "rollout_log_probs": "float",
+    "teacher_log_probs": "float",
+}
+
+
+def is_packed(path: str) -> bool:
+    """True when ``path`` starts with the packed-format magic."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def _plain_list(value: Any, kind: str) -> bool:
+    if type(value) is not list:
+        return False
+    wanted = int if kind == "int" else float
+    return all(type(x) is wanted for x in value)
+
+
+def _int_dtype(values: list[int]) -> np.dtype:
+    if not values:
+        return np.dtype("<i4")
+    low, high = min(values), max(values)
+    for dtype in ("<i1", "<i4", "<i8"):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return np.dtype(dtype)
+    raise ValueError(f"integer values out of int64 range ({low}..{high})")
+
+
+def pack_dicts(sample_dicts: list[dict[str, Any]]) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """Split sample dicts into flat column arrays and the remaining per-sample dicts."""
+    arrays: dict[str, np.ndarray] = {}
+    rest = [dict(d) for d in sample_dicts]
+    for column, kind in PACKED_COLUMNS.items():
+        flags = np.zeros(len(rest), dtype=np.uint8)
+        offsets = np.zeros(len(rest) + 1, dtype=np.int64)
+        chunks: list[list] = []
+        total = 0
+        for i, d in enumerate(rest):
+            value = d.get(column)
+            if column in d and _plain_list(value, kind):
+                flags[i] = 1
+                chunks.append(value)
+                total += len(value)
+                del d[column]
+            offsets[i + 1] = total
+        if not flags.any():
+            continue
+        flat = [x for chunk in chunks for x in chunk]
+        dtype = _int_dtype(flat) if kind == "int" else np.dtype("<f8")
+        arrays[f"{column}.values"] = np.asarray(flat, dtype=dtype)
+        arrays[f"{column}.offsets"] = offsets
+        arrays[f"{column}.packed"] = flags
+    return arrays, rest
+
+
+def write_packed(path: str, rollout_id: int, sample_dicts: list[dict[str, Any]]) -> None:
+    """Write ``sample_dicts`` (slime ``to_dict`` shape) as a packed dump, atomically."""
+    import io
+
+    import torch
+
+    key_orders = [list(d.keys()) for d in sample_dicts]
+    arrays, rest = pack_dicts(sample_dicts)
+    rest_buffer = io.BytesIO()
+    torch.save({"rollout_id": int(rollout_id), "samples": rest, "key_orders": key_orders}, rest_buffer)
+    rest_bytes = rest_buffer.getvalue()
+
+    entries: dict[str, dict[str, Any]] = {}
+    header: dict[str, Any] = {
+        "version": FORMAT_VERSION,
+        "rollout_id": int(rollout_id),
+        "num_samples": len(sample_dicts),
+        "arrays": entries,
+    }
+    # Offsets depend on the header length, which depends on the offsets: iterate until stable.
+    header_len = 0
+    for _ in range(4):
+        position = _align(len(MAGIC) + 8 + header_len)
+        for name, array in arrays.items():
+            entries[name] = {"dtype": array.dtype.str, "offset": position, "count": int(array.size)}
+            position = _align(position + array.nbytes)
+        header["rest"] = {"offset": position, "length": len(rest_bytes)}
+        encoded = json.dumps(header, sort_keys=True).encode()
+        if len(encoded) == header_len:
+            break
+        header_len = len(encoded)
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pack", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded)
+            for name, array in arrays.items():
+                out.seek(entries[name]["offset"])
+                out.write(array.tobytes())
+            out.seek(header["rest"]["offset"])
+            out.write(rest_bytes)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class PackedDump:
+    """An opened packed dump: column arrays are zero-copy views of the (memory-mapped) file."""
+
+    path: str
+    rollout_id: int
+    num_samples: int
+    arrays: dict[str, np.ndarray]
+    rest_bytes: bytes
+
+    def column(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(values, offsets, packed flags) of a packed column, or None when no sample had it packed."""
+        if f"{name}.values" not in self.arrays:
+            return None
+        return self.arrays[f"{name}.values"], self.arrays[f"{name}.offsets"], self.arrays[f"{name}.packed"]
+
+    def sample_dicts(self) -> list[dict[str, Any]]:
+        """The original per-sample dicts, with the packed columns as Python lists again."""
+        blob = safe_load_bytes(self.rest_bytes, f"{self.path} (rest section)")
+        rest = blob.get("samples") if isinstance(blob, dict) else None
+        orders = blob.get("key_orders") if isinstance(blob, dict) else None
+        if not isinstance(rest, list) or len(rest) != self.num_samples or not isinstance(orders, list):
+            raise DumpError(self.path, "packed rest section does not match the header", "re-run forge-replay dumps pack")
+        for column in PACKED_COLUMNS:
+            found = self.column(column)
+            if found is None:
+                continue
+            values, offsets, flags = found
+            for i in np.flatnonzero(flags).tolist():
+                rest[i][column] = values[offsets[i] : offsets[i + 1]].tolist()
+        return [{key: d[key] for key in order} if set(order) == set(d) else d for d, order in zip(rest, orders)]
+
+
+def open_packed(path: str, use_mmap: bool = True) -> PackedDump:
+    """Open a packed dump; with ``use_mmap`` the arrays are read lazily from the page cache."""
+    try:
+        with open(path, "rb") as handle:
+            if use_mmap:
+                buffer: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            else:
+                buffer = handle.read()
+    except (OSError, ValueError) as exc:
+        raise DumpError(path, f"cannot open packed dump: {exc}") from None
+    if len(buffer) < len(MAGIC) + 8 or buffer[: len(MAGIC)] != MAGIC:
+        raise DumpError(path, "not a packed dump (bad magic)")
+    (header_len,) = struct.unpack_from("<Q", buffer, len(MAGIC))
+    start = len(MAGIC) + 8
+    try:
+        header = json.loads(bytes(buffer[start : start + header_len]))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DumpError(path, f"corrupt packed header: {exc}", "the file may be truncated") from None
+    if header.get("version") != FORMAT_VERSION:
+        raise DumpError(path, f"packed format version {header.get('version')!r} is not supported (expected 1)")
+    size = len(buffer)
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        for name, entry in header["arrays"].items():
+            dtype = np.dtype(entry["dtype"])
+            end = entry["offset"] + entry["count"] * dtype.itemsize
+            if end > size:
+                raise DumpError(path, f"array {name!r} runs past the end of the file", "the file is truncated")
+            arrays[name] = np.frombuffer(buffer, dtype=dtype, count=entry["count"], offset=entry["offset"])
+        rest = header["rest"]
+        if rest["offset"] + rest["length"] > size:
+            raise DumpError(path, "rest section runs past the end of the file", "the file is truncated")
+        rest_bytes = bytes(buffer[rest["offset"] : rest["offset"] + rest["length"]])
+        num_samples = int(header["num_samples"])
+        rollout_id = int(header["rollout_id"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DumpError(path, f"corrupt packed header: {type(exc).__name__}: {exc}") from None
+    for column in PACKED_COLUMNS:
+        if f"{column}.values" in arrays:
+            offsets = arrays[f"{column}.offsets"]
+            if offsets.size != num_samples + 1 or arrays[f"{column}.packed"].size != num_samples:
+                raise DumpError(path, f"column {column!r} offsets do not match {num_samples} samples")
+            if offsets[-1] != arrays[f"{column}.values"].size or (offsets.size > 1 and np.any(np.diff(offsets) < 0)):
+                raise DumpError(path, f"column {column!r} offsets are inconsistent", "the file is corrupt")
+    return PackedDump(path=path, rollout_id=rollout_id, num_samples=num_samples, arrays=arrays, rest_bytes=rest_bytes)
+
+
+def load_packed_raw(path: str) -> dict[str, Any]:
+    """The packed dump as slime's top-level dict ``{"rollout_id", "samples": [dict, ...]}``."""
+    dump = open_packed(path, use_mmap=False)
+    return {"rollout_id": dump.rollout_id, "samples": dump.sample_dicts()}
