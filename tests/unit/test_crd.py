@@ -80,3 +80,10 @@ def test_enums_bounds_and_defaults_come_from_the_models():
     assert spec["trainer"]["default"] == {}
     assert spec["rollout"]["nullable"] is True
     assert yaml.safe_load(crd_yaml()) == crd()
+
+
+def test_field_reference_has_not_drifted():
+    from forge_replay.api.reference import REFERENCE_FILE, markdown
+
+    assert (ROOT / REFERENCE_FILE).read_text(encoding="utf-8") == markdown(), (
+        "docs/api-reference.md is stale: run `python -m forge_replay.api.reference > docs/api-reference.md`")
