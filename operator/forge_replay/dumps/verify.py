@@ -1,0 +1,158 @@
+"""Check that every dump a job needs exists and loads safely, before any GPU is requested."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
+from forge_replay.dumps.files import load
+from forge_replay.dumps.progress import progress_bar
+from forge_replay.dumps.safe_pickle import DumpError
+from forge_replay.dumps.sample import SampleError
+
+Status = Literal["ok", "missing", "fallback", "unreadable"]
+
+
+def eval_rollout_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int) -> list[int]:
+    """Rollout ids after which eval N runs (reading ``eval_N``): ``(N + 1) % eval_interval == 0``, as slime."""
+    if eval_interval <= 0:
+        return []
+    return [n for n in range(start_rollout_id, start_rollout_id + num_rollouts) if (n + 1) % eval_interval == 0]
+
+
+def resolve(root: str | None, relative: str) -> str:
+    """The filesystem path of a dump path: under ``root`` when given, else as written."""
+    return os.path.join(root, relative) if root else relative
+
+
+@dataclass
+class FileCheck:
+    """The verdict on one needed dump file."""
+
+    kind: Literal["train", "eval"]
+    rollout_id: int
+    path: str
+    status: Status
+    message: str = ""
+    samples: int | None = None
+    used_path: str | None = None  # the file actually read (the rollout-0 file on fallback)
+
+    @property
+    def problem(self) -> bool:
+        """A missing eval dump is reported but is not a problem (it replays as an empty eval result)."""
+        if self.status == "unreadable":
+            return True
+        return self.status == "missing" and self.kind == "train"
+
+
+@dataclass
+class VerifyReport:
+    """Per-file verdicts; ``ok`` when every training rollout has a loadable dump and no file is corrupt."""
+
+    template: str
+    root: str | None
+    checks: list[FileCheck] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.problem for c in self.checks)
+
+    @property
+    def fallbacks(self) -> list[FileCheck]:
+        return [c for c in self.checks if c.status == "fallback"]
+
+    @property
+    def problems(self) -> list[FileCheck]:
+        return [c for c in self.checks if c.problem]
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "template": self.template,
+            "root": self.root,
+            "fallbacks": len(self.fallbacks),
+            "problems": len(self.problems),
+            "files": [asdict(c) | {"problem": c.problem} for c in self.checks],
+        }
+
+    def summary(self) -> str:
+        """One line per file plus a verdict, for humans and status messages."""
+        lines = []
+        for c in self.checks:
+            label = f"{c.kind} {c.rollout_id}"
+            detail = f" ({c.samples} samples)" if c.samples is not None else ""
+            note = f": {c.message}" if c.message else ""
+            lines.append(f"{c.status.upper():10} {label:12} {c.path}{detail}{note}")
+        verdict = "OK" if self.ok else f"{len(self.problems)} problem(s)"
+        lines.append(f"{verdict}; {len(self.fallbacks)} fallback(s) to rollout 0")
+        return "\n".join(lines)
+
+
+def verify_dumps(
+    root: str | None,
+    template: str,
+    num_rollouts: int,
+    start_rollout_id: int = 0,
+    eval_interval: int = 0,
+    fallback: bool = True,
+    progress: bool = False,
+) -> VerifyReport:
+    """Check every train (and eval) dump a job reads; each distinct file is loaded once, safely.
+
+    ``root`` is the PVC mount (``template`` must then be relative), or None to use ``template``
+    as a filesystem path. Raises ValueError for an invalid template or counts.
+    """
+    problem = path_problem(template if root else template.lstrip("/"))
+    if problem:
+        raise ValueError(f"dump path {template!r} {problem}")
+    if num_rollouts < 1 or start_rollout_id < 0 or eval_interval < 0:
+        raise ValueError("need num_rollouts >= 1, start_rollout_id >= 0, eval_interval >= 0")
+    if eval_interval > 0 and not is_template(template):
+        raise ValueError(f"eval_interval > 0 needs a {{rollout_id}} template; {template!r} is a literal path")
+
+    report = VerifyReport(template=template, root=root)
+    loaded: dict[str, tuple[int | None, str]] = {}  # path -> (samples, error)
+    rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
+    eval_ids = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
+
+    def check(path: str) -> tuple[int | None, str]:
+        if path not in loaded:
+            try:
+                loaded[path] = (len(load(path).samples), "")
+            except (DumpError, SampleError) as exc:
+                loaded[path] = (None, str(exc))
+        return loaded[path]
+
+    with progress_bar(progress, num_rollouts + len(eval_ids), "verifying dumps") as advance:
+        first = resolve(root, train_path(template, 0))
+        for n in rollout_ids:
+            path = resolve(root, train_path(template, n))
+            used = path
+            status: Status = "ok"
+            message = ""
+            if not os.path.exists(path):
+                if fallback and is_template(template) and os.path.exists(first):
+                    used, status, message = first, "fallback", f"missing; rollout 0's file {first} is used instead"
+                else:
+                    hint = "" if fallback or not is_template(template) else " (fallback to rollout 0 is off)"
+                    report.checks.append(FileCheck("train", n, path, "missing", f"file does not exist{hint}"))
+                    advance(path)
+                    continue
+            samples, error = check(used)
+            if error:
+                status, message = "unreadable", error
+            report.checks.append(FileCheck("train", n, path, status, message, samples, used))
+            advance(path)
+        for n in eval_ids:
+            path = resolve(root, eval_path(template, n) or "")
+            if not os.path.exists(path):
+                message = "file does not exist: eval replays as an empty result"
+                report.checks.append(FileCheck("eval", n, path, "missing", message))
+            else:
+                samples, error = check(path)
+                status = "unreadable" if error else "ok"
+                report.checks.append(FileCheck("eval", n, path, status, error, samples, path))
+            advance(path)
+    return report

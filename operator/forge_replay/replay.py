@@ -1,0 +1,286 @@
+"""Replay semantics (slime's forge_load, made safe and visible) and a slime-compatible rollout function.
+
+- Train rollout N reads ``train_path(template, N)``; when missing and ``fallback_to_first``, the
+  rollout-0 file is used, logged and counted (``fallback_count``, ``fallbacks``). Missing with no
+  fallback raises ReplayError naming the rollout id and the resolved path.
+- Eval N reads ``eval_path(template, N)`` (``eval_N``) with no fallback: a missing eval dump (or a
+  literal path) is an empty EvalResult flagged ``missing``.
+- Samples keep their own ``rollout_id``: it groups samples for the loss; it is never overwritten.
+
+slime / miles users plug in ``forge_replay.replay.generate_rollout`` with
+``--rollout-function-path forge_replay.replay.generate_rollout --load-forge-rollout-data PATH``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
+from forge_replay.dumps import Sample, load
+from forge_replay.dumps.prefetch import Prefetcher
+from forge_replay.dumps.verify import eval_rollout_ids, resolve
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EvalResult",
+    "Fallback",
+    "Prefetcher",
+    "ReplayError",
+    "ReplaySource",
+    "ReplayedRollout",
+    "RolloutFnEvalOutput",
+    "RolloutFnTrainOutput",
+    "eval_rewards",
+    "eval_rollout_ids",
+    "generate_rollout",
+]
+
+
+class ReplayError(RuntimeError):
+    """A training rollout has no dump to replay; the message names the rollout id and resolved path."""
+
+    def __init__(self, rollout_id: int, path: str, message: str):
+        self.rollout_id = rollout_id
+        self.path = path
+        super().__init__(message)
+
+
+@dataclass
+class ReplayedRollout:
+    """The samples replayed for training rollout ``rollout_id`` and the file they came from."""
+
+    rollout_id: int
+    samples: list[Sample]
+    path: str
+    fallback_used: bool
+
+
+@dataclass
+class Fallback:
+    """One training rollout that replayed rollout 0's file because its own was missing."""
+
+    rollout_id: int
+    missing_path: str
+    used_path: str
+
+
+@dataclass
+class EvalResult:
+    """Replayed eval ``eval_id``; ``missing`` (with ``reason``) when there is no eval dump to replay."""
+
+    eval_id: int
+    path: str | None
+    samples: list[Sample] = field(default_factory=list)
+    missing: bool = False
+    reason: str = ""
+
+    def rewards(self, reward_key: str | None = None) -> list[float]:
+        """Per-sample eval rewards: dict rewards looked up by ``reward_key``; None counts as 0.0."""
+        return eval_rewards(self.samples, reward_key)
+
+    @property
+    def truncated(self) -> list[bool]:
+        return [Sample.Status(s.status) is Sample.Status.TRUNCATED for s in self.samples]
+
+
+def eval_rewards(samples: list[Any], reward_key: str | None) -> list[float]:
+    """slime's forge_load eval rewards: ``reward[key]`` for dict rewards when a key is set, None -> 0.0."""
+    rewards = []
+    for i, sample in enumerate(samples):
+        reward = sample.reward
+        if isinstance(reward, dict) and reward_key:
+            if reward_key not in reward:
+                raise KeyError(f"eval sample {i}: reward has no key {reward_key!r} (keys {sorted(map(str, reward))})")
+            reward = reward[reward_key]
+        if isinstance(reward, dict):
+            raise TypeError(f"eval sample {i}: reward is a dict (keys {sorted(map(str, reward))}); set the eval reward key")
+        rewards.append(0.0 if reward is None else float(reward))
+    return rewards
+
+
+class ReplaySource:
+    """Resolves and loads train / eval dumps under ``root`` following forge_load semantics.
+
+    ``root`` is the dumps mount (``template`` then relative to it, as in the spec), or None/"" to
+    use ``template`` as a filesystem path (slime's ``--load-forge-rollout-data``).
+    """
+
+    def __init__(self, root: str | None, template: str, fallback_to_first: bool = True):
+        problem = path_problem(template if root else template.lstrip("/"))
+        if problem:
+            raise ValueError(f"dump path {template!r} {problem}")
+        self.root = root or None
+        self.template = template
+        self.fallback_to_first = fallback_to_first
+        self.fallbacks: list[Fallback] = []
+        self._lock = threading.Lock()
+
+    @property
+    def fallback_count(self) -> int:
+        return len(self.fallbacks)
+
+    def train_file(self, rollout_id: int) -> str:
+        """Resolved path of training rollout ``rollout_id`` (before any fallback)."""
+        return resolve(self.root, train_path(self.template, rollout_id))
+
+    def eval_file(self, eval_id: int) -> str | None:
+        """Resolved path of eval ``eval_id``, or None for a literal template (no eval dumps)."""
+        relative = eval_path(self.template, eval_id)
+        return resolve(self.root, relative) if relative is not None else None
+
+    def load_train(self, rollout_id: int) -> ReplayedRollout:
+        """Load training rollout ``rollout_id``; a fallback to rollout 0 is logged and counted."""
+        path = self.train_file(rollout_id)
+        if os.path.exists(path):
+            dump = load(path)
+            return ReplayedRollout(rollout_id, dump.samples, path, fallback_used=False)
+        if not self.fallback_to_first or not is_template(self.template):
+            why = "fallback to rollout 0 is off" if is_template(self.template) else "the literal dump path is missing"
+            raise ReplayError(
+                rollout_id,
+                path,
+                f"rollout {rollout_id}: dump {path} does not exist ({why}); "
+                "write it or run `forge-replay dumps verify` to list every missing file",
+            )
+        first = self.train_file(0)
+        if not os.path.exists(first):
+            raise ReplayError(
+                rollout_id,
+                path,
+                f"rollout {rollout_id}: dump {path} does not exist and neither does the fallback {first} "
+                "(rollout 0's file)",
+            )
+        dump = load(first)
+        with self._lock:
+            self.fallbacks.append(Fallback(rollout_id, path, first))
+            count = len(self.fallbacks)
+        logger.warning(
+            "rollout %d: dump %s is missing; replaying rollout 0's file %s instead (fallback #%d)",
+            rollout_id,
+            path,
+            first,
+            count,
+        )
+        return ReplayedRollout(rollout_id, dump.samples, first, fallback_used=True)
+
+    def load_eval(self, eval_id: int) -> EvalResult:
+        """Load eval ``eval_id`` (``eval_N``); missing -> an empty result flagged ``missing`` (logged)."""
+        path = self.eval_file(eval_id)
+        if path is None:
+            reason = f"the literal dump path {self.template!r} has no eval dumps"
+            logger.warning("eval %d: %s; empty eval result", eval_id, reason)
+            return EvalResult(eval_id, None, missing=True, reason=reason)
+        if not os.path.exists(path):
+            reason = f"eval dump {path} does not exist (eval has no fallback)"
+            logger.warning("eval %d: %s; empty eval result", eval_id, reason)
+            return EvalResult(eval_id, path, missing=True, reason=reason)
+        return EvalResult(eval_id, path, samples=load(path).samples)
+
+    def prefetcher(self, rollout_ids: list[int], depth: int = 1) -> Prefetcher[ReplayedRollout]:
+        """A Prefetcher loading these training rollouts in the background, in order."""
+        return Prefetcher(self.load_train, rollout_ids, depth=depth)
+
+
+# --- slime / miles rollout-function compatibility -------------------------------------------------
+
+
+@dataclass
+class RolloutFnTrainOutput:
+    """Shape of slime's ``RolloutFnTrainOutput`` (used when slime/miles is not running)."""
+
+    samples: list[Any]
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass
+class RolloutFnEvalOutput:
+    """Shape of slime's ``RolloutFnEvalOutput`` (used when slime/miles is not running)."""
+
+    data: dict[str, dict[str, Any]]
+    metrics: dict[str, Any] | None = None
+
+
+def _framework_types() -> tuple[Any, Any, Any | None]:
+    """(TrainOutput, EvalOutput, SampleClass) of the framework that loaded us, or our own shapes.
+
+    slime's ``call_rollout_fn`` wraps any output that is not its own class, so when slime (or miles)
+    is running we return its classes and its Sample objects. Nothing is imported that is not
+    already loaded.
+    """
+    for framework in ("slime", "miles"):
+        if f"{framework}.rollout.base_types" in sys.modules:
+            base = sys.modules[f"{framework}.rollout.base_types"]
+            types = importlib.import_module(f"{framework}.utils.types")
+            return base.RolloutFnTrainOutput, base.RolloutFnEvalOutput, types.Sample
+    return RolloutFnTrainOutput, RolloutFnEvalOutput, None
+
+
+_SOURCES: dict[tuple[str, bool], ReplaySource] = {}
+_SOURCES_LOCK = threading.Lock()
+
+
+def _source_for(args: Any) -> ReplaySource:
+    template = getattr(args, "load_forge_rollout_data", None)
+    if not template:
+        raise RuntimeError(
+            "--load-forge-rollout-data is not set: pass a dump path, literal (rollout_0.pt) "
+            "or a template (rollout_{rollout_id}.pt)"
+        )
+    fallback = bool(getattr(args, "forge_replay_fallback_to_first", True))
+    with _SOURCES_LOCK:
+        key = (template, fallback)
+        if key not in _SOURCES:
+            _SOURCES[key] = ReplaySource(None, template, fallback_to_first=fallback)
+        return _SOURCES[key]
+
+
+def _to_framework(samples: list[Sample], sample_cls: Any | None) -> list[Any]:
+    if sample_cls is None:
+        return samples
+    return [sample_cls.from_dict(s.to_dict()) for s in samples]
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime-compatible rollout function replaying dumps instead of generating.
+
+    Train: ``RolloutFnTrainOutput(samples=[...])`` (flat, as slime's forge_load; samples keep their
+    rollout_id), with metrics counting fallbacks. Eval: ``RolloutFnEvalOutput(data={"forge_eval":
+    {"rewards", "truncated", "samples"}})``, or ``data={}`` when the eval dump is missing.
+    Reads ``args.load_forge_rollout_data``, ``args.eval_reward_key`` / ``args.reward_key`` and the
+    optional ``args.forge_replay_fallback_to_first`` (default True, as slime).
+    """
+    del data_source  # replay needs no prompts
+    source = _source_for(args)
+    train_cls, eval_cls, sample_cls = _framework_types()
+    if evaluation:
+        result = source.load_eval(rollout_id)
+        if result.missing:
+            return eval_cls(data={}, metrics={"forge_replay/eval_missing": 1})
+        reward_key = getattr(args, "eval_reward_key", None) or getattr(args, "reward_key", None)
+        return eval_cls(
+            data={
+                "forge_eval": {
+                    "rewards": result.rewards(reward_key),
+                    "truncated": result.truncated,
+                    "samples": _to_framework(result.samples, sample_cls),
+                }
+            },
+            metrics={"forge_replay/eval_missing": 0},
+        )
+    replayed = source.load_train(rollout_id)
+    logger.info(
+        "forge-replay: rollout %d replays %d samples from %s%s",
+        rollout_id,
+        len(replayed.samples),
+        replayed.path,
+        " (fallback to rollout 0)" if replayed.fallback_used else "",
+    )
+    metrics = {"forge_replay/fallback_used": int(replayed.fallback_used), "forge_replay/fallbacks": source.fallback_count}
+    return train_cls(samples=_to_framework(replayed.samples, sample_cls), metrics=metrics)
