@@ -1,0 +1,443 @@
+"""A real Kubernetes control plane on loopback, started from the binaries tests/cluster/build.py makes.
+
+etcd and kube-apiserver always run (generated CA and certificates, RBAC authorizer, service-account signing
+keys); kube-controller-manager, kube-scheduler, KWOK with fake GPU nodes and the KubeRay operator are
+optional. Every component runs in its own process group, logs to ``<workdir>/logs/<component>.log`` and is
+stopped (SIGTERM, then SIGKILL) by ``stop()``; children also die with the process that started them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from tests.cluster import build
+from tests.cluster.certs import CertificateAuthority, service_account_keys
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_CRDS_DIR = REPO_ROOT / "crds"
+FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+GPU_PRODUCT = "NVIDIA-H200"
+
+# Controllers kube-controller-manager runs: garbage collection, namespace deletion, Jobs (KubeRay's submitter),
+# Deployments (the operator chart), service accounts and their tokens, aggregated ClusterRoles.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "job-controller",
+    "cronjob-controller",
+    "ttl-after-finished-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "endpointslice-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "pod-garbage-collector-controller",
+)
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not start (the message names the component and its log)."""
+
+
+@dataclass
+class Options:
+    """Which parts to start. etcd and kube-apiserver always run."""
+
+    controller_manager: bool = True
+    scheduler: bool = True
+    kwok: bool = True
+    kuberay: bool = True
+    install_crds: bool = True
+    gpu_nodes: int = 2
+    cpu_nodes: int = 1
+    workdir: Path | None = None
+    log: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr, flush=True))
+
+    def binaries(self) -> list[str]:
+        names = ["etcd", "kube-apiserver", "kubectl"]
+        names += ["kube-controller-manager"] if self.controller_manager else []
+        names += ["kube-scheduler"] if self.scheduler else []
+        names += ["kwok"] if self.kwok else []
+        names += ["kuberay-operator"] if self.kuberay else []
+        return names
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: its own process group, and SIGKILL when our process dies
+    # (so a killed pytest or a closed terminal leaves no etcd/kube-apiserver behind).
+    os.setsid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Component:
+    """One control-plane process with its log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.name, self.argv, self.log_path = name, argv, log_path
+        self.env = {**os.environ, **(env or {})}
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=self.env, preexec_fn=_die_with_parent)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        pgid = self.process.pid  # setsid made the child its own group leader
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.process.wait(timeout=grace)
+        except ProcessLookupError:
+            pass
+        # A group leader that exited may leave children in its group; take them down too.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return f"({self.log_path} does not exist)"
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float, component: Component | None = None,
+          interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if component is not None and not component.alive():
+            raise ControlPlaneError(
+                f"{component.name} exited (code {component.process.returncode}) while waiting for {what}; "
+                f"log {component.log_path}:\n{component.log_tail()}")
+        try:
+            if check():
+                return
+        except Exception as error:  # noqa: BLE001 - any failure means "not ready yet"; reported on timeout
+            last_error = error
+        time.sleep(interval)
+    detail = f" (last error: {last_error})" if last_error else ""
+    tail = f"; log {component.log_path}:\n{component.log_tail()}" if component else ""
+    raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{tail}")
+
+
+class ControlPlane:
+    """Start with ``start()`` (or as a context manager), stop with ``stop()``.
+
+    After start: ``kubeconfig`` (admin, client certificate in system:masters), ``server`` (https URL),
+    ``bin_dir`` (kubectl and friends), ``log_dir``, ``kubectl(*args)`` and ``api_client()``.
+    """
+
+    def __init__(self, options: Options | None = None):
+        self.options = options or Options()
+        self.log = self.options.log
+        self._owns_workdir = self.options.workdir is None
+        self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="forge-replay-cluster-"))
+        self.pki_dir = self.workdir / "pki"
+        self.log_dir = self.workdir / "logs"
+        self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.bin_dir = build.bin_dir()
+        self.components: list[Component] = []
+        self.binaries: dict[str, Path] = {}
+        self.server = ""
+        self.kuberay_crds_dir: Path | None = None
+        self.installed_crds: list[str] = []
+        self.skipped: list[str] = []
+        self.keep_workdir = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop(keep_logs=exc_info[0] is not None)
+
+    def start(self) -> "ControlPlane":
+        started = time.monotonic()
+        for name in self.options.binaries():
+            self.binaries[name] = build.binary_path(name, log=self.log)
+        if self.options.kuberay and self.options.install_crds:
+            self.kuberay_crds_dir = build.binary_path("kuberay-crds", log=self.log)
+        try:
+            self._write_pki()
+            self._start_etcd()
+            self._start_apiserver()
+            if self.options.install_crds:
+                self._install_crds()
+            if self.options.controller_manager:
+                self._start_controller_manager()
+            if self.options.scheduler:
+                self._start_scheduler()
+            if self.options.kwok:
+                self._start_kwok()
+            if self.options.kuberay:
+                self._start_kuberay()
+            if self.options.controller_manager:
+                self._wait_controller_manager()
+        except BaseException:
+            self.stop(keep_logs=True)
+            raise
+        self.log(f"control plane up in {time.monotonic() - started:.1f}s ({', '.join(c.name for c in self.components)}); "
+                 f"logs in {self.log_dir}")
+        return self
+
+    def stop(self, keep_logs: bool = False) -> None:
+        """Stop every component (reverse start order); remove the workdir unless logs should be kept."""
+        for component in reversed(self.components):
+            component.stop()
+        self.components.clear()
+        if keep_logs or self.keep_workdir or not self._owns_workdir:
+            if self.workdir.exists():
+                self.log(f"control plane files kept in {self.workdir} (logs in {self.log_dir})")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def dead_components(self) -> list[Component]:
+        return [c for c in self.components if not c.alive()]
+
+    def log_tails(self, lines: int = 30) -> str:
+        """The last lines of every component's log (for failure reports)."""
+        return "\n".join(f"--- {c.name} ({c.log_path}) ---\n{c.log_tail(lines)}" for c in self.components)
+
+    # ---- helpers for users and tests ---------------------------------------------------------------------
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run the built kubectl against this control plane; raises with stderr when ``check`` and it fails."""
+        result = subprocess.run([str(self.binaries["kubectl"]), f"--kubeconfig={self.kubeconfig}", *args],
+                                input=input, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+    def api_client(self):
+        """A new ``kubernetes.client.ApiClient`` authenticated as the admin."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def _admin_get(self, path: str) -> tuple[int, str]:
+        context = ssl.create_default_context(cafile=str(self.ca.pair.cert))
+        context.load_cert_chain(str(self.admin.cert), str(self.admin.key))
+        try:
+            with urllib.request.urlopen(f"{self.server}{path}", context=context, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(errors="replace")
+
+    # ---- steps ---------------------------------------------------------------------------------------------
+    def _write_pki(self) -> None:
+        self.secure_port = free_port()
+        self.server = f"https://127.0.0.1:{self.secure_port}"
+        self.ca = CertificateAuthority(self.pki_dir)
+        self.serving = self.ca.issue("apiserver", "kube-apiserver", server_hosts=(
+            "127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local"))
+        self.admin = self.ca.issue("admin", "forge-replay-test-admin", ("system:masters",), client=True)
+        self.sa_keys = service_account_keys(self.pki_dir)
+        self._write_kubeconfig(self.kubeconfig, self.admin, "admin")
+
+    def _write_kubeconfig(self, path: Path, pair, user: str) -> None:
+        import base64
+
+        def b64(p: Path) -> str:
+            return base64.b64encode(p.read_bytes()).decode()
+
+        document = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "forge-replay-test",
+            "clusters": [{"name": "forge-replay-test", "cluster": {
+                "server": self.server, "certificate-authority-data": b64(self.ca.pair.cert)}}],
+            "users": [{"name": user, "user": {
+                "client-certificate-data": b64(pair.cert), "client-key-data": b64(pair.key)}}],
+            "contexts": [{"name": "forge-replay-test", "context": {
+                "cluster": "forge-replay-test", "user": user, "namespace": "default"}}],
+        }
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        path.chmod(0o600)
+
+    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
+        component = Component(name, argv, self.log_dir / f"{name}.log", env)
+        component.start()
+        self.components.append(component)
+        return component
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        etcd = self._launch("etcd", [
+            str(self.binaries["etcd"]), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={self.etcd_url}", f"--advertise-client-urls={self.etcd_url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}", "--unsafe-no-fsync=true", "--log-level=warn",
+            "--listen-metrics-urls=", f"--quota-backend-bytes={2 * 1024**3}",
+        ])
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as response:
+                return json.loads(response.read()).get("health") == "true"
+
+        _wait("etcd /health", healthy, timeout=30, component=etcd)
+
+    def _start_apiserver(self) -> None:
+        pki = self.pki_dir
+        admission = "" if self.options.controller_manager else "--disable-admission-plugins=ServiceAccount"
+        argv = [
+            str(self.binaries["kube-apiserver"]),
+            f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.secure_port}", f"--cert-dir={pki}",
+            f"--tls-cert-file={self.serving.cert}", f"--tls-private-key-file={self.serving.key}",
+            f"--client-ca-file={self.ca.pair.cert}", "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.0.0.0/24", f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={self.sa_keys.cert}",
+            f"--service-account-signing-key-file={self.sa_keys.key}",
+            "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false",
+            "--endpoint-reconciler-type=none", "--v=1",
+        ]
+        if admission:
+            argv.append(admission)
+        apiserver = self._launch("kube-apiserver", argv)
+        _wait("kube-apiserver /readyz", lambda: self._admin_get("/readyz")[0] == 200, timeout=120,
+              component=apiserver, interval=0.3)
+
+    def _install_crds(self) -> None:
+        crd_files: list[Path] = []
+        project = sorted(PROJECT_CRDS_DIR.glob("*.yaml")) if PROJECT_CRDS_DIR.is_dir() else []
+        if project:
+            crd_files += project
+        else:
+            message = f"no project CRD in {PROJECT_CRDS_DIR} (generate it with `forge-replay crd`); not installed"
+            self.skipped.append(message)
+            self.log(message)
+        if self.kuberay_crds_dir is not None:
+            crd_files += sorted(self.kuberay_crds_dir.glob("*.yaml"))
+        if not crd_files:
+            return
+        args = ["apply", "--server-side", "--force-conflicts", "--field-manager=forge-replay-tests", "-o", "name"]
+        for path in crd_files:
+            args += ["-f", str(path)]
+        names = self.kubectl(*args).stdout.split()
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        self.installed_crds = [n.split("/", 1)[1] for n in names]
+        self.log(f"CRDs installed: {', '.join(self.installed_crds)}")
+
+    def _start_controller_manager(self) -> None:
+        identity = self.ca.issue("kube-controller-manager", "system:kube-controller-manager", client=True)
+        kubeconfig = self.workdir / "kube-controller-manager.kubeconfig"
+        self._write_kubeconfig(kubeconfig, identity, "system:kube-controller-manager")
+        self.controller_manager = self._launch("kube-controller-manager", [
+            str(self.binaries["kube-controller-manager"]), f"--kubeconfig={kubeconfig}",
+            "--leader-elect=false", "--secure-port=0", f"--controllers={','.join(CONTROLLERS)}",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={self.sa_keys.key}", f"--root-ca-file={self.ca.pair.cert}",
+            "--concurrent-gc-syncs=5", "--v=1",
+        ])
+
+    def _wait_controller_manager(self) -> None:
+        # The service-account controller creating `default` in the `default` namespace proves the
+        # controller manager runs with working credentials.
+        _wait("kube-controller-manager (ServiceAccount default/default)",
+              lambda: self._admin_get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+              timeout=60, component=self.controller_manager, interval=0.3)
+
+    def _start_scheduler(self) -> None:
+        identity = self.ca.issue("kube-scheduler", "system:kube-scheduler", client=True)
+        kubeconfig = self.workdir / "kube-scheduler.kubeconfig"
+        self._write_kubeconfig(kubeconfig, identity, "system:kube-scheduler")
+        self._launch("kube-scheduler", [
+            str(self.binaries["kube-scheduler"]), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+            "--secure-port=0", "--v=1",
+        ])
+
+    def fake_node(self, name: str, gpus: int) -> dict:
+        """The Node object of one KWOK-managed fake node (``gpus`` > 0: an H200 pool node)."""
+        labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                  "type": "kwok", "forgereplay.io/pool": "gpu" if gpus else "cpu"}
+        capacity = {"cpu": "192", "memory": "2Ti", "pods": "110", "ephemeral-storage": "10Ti"}
+        if gpus:
+            labels.update({"nvidia.com/gpu.product": GPU_PRODUCT, "nvidia.com/gpu.count": str(gpus),
+                           "nvidia.com/gpu.present": "true"})
+            capacity["nvidia.com/gpu"] = str(gpus)
+        return {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": {FAKE_NODE_ANNOTATION[0]: FAKE_NODE_ANNOTATION[1]}},
+            "spec": {},
+            "status": {"capacity": capacity, "allocatable": capacity,
+                       "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
+                                    "kubeletVersion": "fake", "kubeProxyVersion": "fake"}},
+        }
+
+    def _start_kwok(self) -> None:
+        kwok = self._launch("kwok", [
+            str(self.binaries["kwok"]), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION[0]}={FAKE_NODE_ANNOTATION[1]}",
+            "--cidr=10.244.0.1/16", "--node-ip=10.240.0.1", f"--server-address=127.0.0.1:{free_port()}",
+        ])
+        nodes = [self.fake_node(f"gpu-node-{i}", 8) for i in range(self.options.gpu_nodes)]
+        nodes += [self.fake_node(f"cpu-node-{i}", 0) for i in range(self.options.cpu_nodes)]
+        self.fake_nodes = [n["metadata"]["name"] for n in nodes]
+        if not nodes:
+            return
+        self.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(n) for n in nodes))
+
+        def all_ready() -> bool:
+            out = self.kubectl("get", "nodes", "-o", "json").stdout
+            ready = {item["metadata"]["name"] for item in json.loads(out)["items"]
+                     if any(c["type"] == "Ready" and c["status"] == "True" for c in item["status"].get("conditions", []))}
+            return set(self.fake_nodes) <= ready
+
+        _wait(f"KWOK to mark nodes Ready ({', '.join(self.fake_nodes)})", all_ready, timeout=60, component=kwok,
+              interval=0.5)
+
+    def _start_kuberay(self) -> None:
+        probe = free_port()
+        operator = self._launch("kuberay-operator", [
+            str(self.binaries["kuberay-operator"]), "--metrics-addr=0", f"--health-probe-bind-address=127.0.0.1:{probe}",
+            "--enable-leader-election=false", "--log-stdout-encoder=console",
+        ], env={"KUBECONFIG": str(self.kubeconfig)})
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{probe}/readyz", timeout=2) as response:
+                return response.status == 200
+
+        _wait("KubeRay operator /readyz", ready, timeout=60, component=operator)

@@ -1,0 +1,78 @@
+"""The generic builder: declarations, cache keys, the missing-Go message (no Go build runs here)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.cluster import build
+
+
+def write_module(root, name: str, binaries: str = "", files: str | None = None, go_sum: str = "") -> object:
+    directory = root / name
+    directory.mkdir()
+    (directory / "go.mod").write_text(f"module example.test/{name}\n\ngo 1.26.0\n")
+    (directory / "go.sum").write_text(go_sum)
+    (directory / "binaries.txt").write_text(binaries)
+    if files is not None:
+        (directory / "files.txt").write_text(files)
+    return directory
+
+
+def test_binaries_txt_lines_become_specs_with_ldflags(tmp_path):
+    module = write_module(tmp_path, "tools", "# comment\n\nhelm helm.sh/helm/v3/cmd/helm -X a.b=c -X d.e=f  # trailing\n"
+                                             "kstatus sigs.k8s.io/cli-utils/cmd/status\n")
+    specs = build.parse_binaries(module)
+    assert [(s.name, s.package, s.extra_ldflags, s.module) for s in specs] == [
+        ("helm", "helm.sh/helm/v3/cmd/helm", "-X a.b=c -X d.e=f", "tools"),
+        ("kstatus", "sigs.k8s.io/cli-utils/cmd/status", "", "tools"),
+    ]
+
+
+def test_malformed_declarations_name_file_and_line(tmp_path):
+    module = write_module(tmp_path, "broken", "ok example.test/ok\nlonely\n", files="only-two fields\n")
+    with pytest.raises(build.BuildError, match=r"binaries\.txt:2: expected"):
+        build.parse_binaries(module)
+    with pytest.raises(build.BuildError, match=r"files\.txt:1: expected"):
+        build.parse_files(module)
+
+
+def test_cache_key_changes_only_when_declarations_change(tmp_path):
+    module = write_module(tmp_path, "m", "x example.test/x\n", go_sum="a v1 h1:xyz\n")
+    key = build.module_key(module)
+    (module / "README").write_text("not a pin")
+    assert build.module_key(module) == key
+    (module / "go.sum").write_text("a v2 h1:abc\n")
+    bumped = build.module_key(module)
+    assert bumped != key
+    (module / "binaries.txt").write_text("x example.test/x -X v=2\n")
+    assert build.module_key(module) not in (key, bumped)
+
+
+def test_every_committed_module_declares_something_buildable():
+    modules = build.module_dirs()
+    assert {m.name for m in modules} >= {"kubernetes", "etcd", "kuberay", "kwok"}
+    names = build.declared_names()
+    for wanted in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok",
+                   "kuberay-operator", "kuberay-crds"):
+        assert wanted in names
+    for module in modules:
+        assert (module / "go.sum").exists(), f"{module} has no committed go.sum"
+
+
+def test_kubernetes_version_stamp_matches_the_pin():
+    module = build.GO_MODULES_DIR / "kubernetes"
+    pinned = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", (module / "go.mod").read_text(),
+                       re.MULTILINE).group(1)
+    for spec in build.parse_binaries(module):
+        assert f"version.gitVersion={pinned}" in spec.extra_ldflags, spec.name
+
+
+def test_missing_go_gives_a_clear_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGE_REPLAY_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no go here
+    with pytest.raises(build.GoToolchainMissing, match=r"Install Go .*python -m tests.cluster build"):
+        build.binary_path("kwok")
+    with pytest.raises(KeyError, match="declares 'no-such-tool'"):
+        build.binary_path("no-such-tool")
