@@ -1,0 +1,260 @@
+"""TEST DOUBLE for an sglang HTTP server (sglang needs CUDA; the CPU machines here cannot run it).
+
+This is a real HTTP server process that speaks the part of sglang's HTTP API forge-replay calls,
+and records every request, so tests can check what the engines were sent. It is launched exactly
+as ``python -m sglang.launch_server`` would be (``forge-replay run --engine-command "python
+tests/doubles/sglang_double.py --record-dir DIR"``): it takes sglang's arguments (``--host``,
+``--port``, ``--model-path``, ``--load-format``, ...) and accepts and records any unknown ones.
+
+Records (JSON, under ``--record-dir`` or ``$SGLANG_DOUBLE_RECORD_DIR``, one set per port):
+- ``start-<port>.json``: pid, pgid, argv, the parsed known args and the unknown ones;
+- ``calls-<port>.jsonl``: one line per request: time, method, path, JSON body;
+- ``stop-<port>.json``: written when it is stopped by SIGTERM/SIGINT.
+
+Endpoints with a double-only prefix let a test make it misbehave:
+``POST /_double/health {"healthy": false}`` makes /health_generate answer 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Parse the sglang launch_server arguments the double cares about; return the rest as unknown."""
+    parser = argparse.ArgumentParser(prog="sglang_double", add_help=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--tp-size", "--tp", type=int, default=1)
+    parser.add_argument("--base-gpu-id", type=int, default=0)
+    parser.add_argument("--skip-server-warmup", action="store_true")
+    parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--record-dir", default=os.environ.get("SGLANG_DOUBLE_RECORD_DIR"))
+    parser.add_argument(
+        "--startup-delay", type=float, default=0.0, help="seconds to wait before listening (double only)"
+    )
+    return parser.parse_known_args(argv)
+
+
+class DoubleState:
+    """What the double remembers: weight version, memory state, health switch, and the call log."""
+
+    def __init__(self, args: argparse.Namespace, unknown: list[str]):
+        self.args = args
+        self.unknown = unknown
+        self.weight_version = args.weight_version
+        self.model_path = args.model_path
+        self.memory_released = False
+        self.generation_paused = False
+        self.healthy = True
+        self.lock = threading.Lock()
+        self.record_dir = Path(args.record_dir) if args.record_dir else None
+        if self.record_dir is not None:
+            self.record_dir.mkdir(parents=True, exist_ok=True)
+
+    def record_file(self, kind: str, suffix: str) -> Path | None:
+        if self.record_dir is None:
+            return None
+        return self.record_dir / f"{kind}-{self.args.port}.{suffix}"
+
+    def record_call(self, method: str, path: str, body: object) -> None:
+        target = self.record_file("calls", "jsonl")
+        if target is None:
+            return
+        line = json.dumps({"time": time.time(), "method": method, "path": path, "body": body})
+        with self.lock, open(target, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+    def write_json(self, kind: str, payload: dict) -> None:
+        target = self.record_file(kind, "json")
+        if target is not None:
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(json.dumps(payload, indent=1))
+            tmp.replace(target)
+
+
+def make_handler(state: DoubleState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            return  # the call log is the record; keep stderr quiet
+
+        def _body(self) -> object:
+            length = int(self.headers.get("Content-Length") or 0)
+            if not length:
+                return None
+            raw = self.rfile.read(length)
+            try:
+                return json.loads(raw)
+            except ValueError:
+                return raw.decode("utf-8", "replace")
+
+        def _send(self, status: int, payload: object) -> None:
+            data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+            self._dispatch("GET", None)
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+            self._dispatch("POST", self._body())
+
+        def _dispatch(self, method: str, body: object) -> None:
+            path = self.path.split("?", 1)[0]
+            state.record_call(method, path, body)
+            handler = ROUTES.get(path)
+            if handler is None:
+                self._send(404, {"error": f"the sglang double does not implement {method} {path}"})
+                return
+            status, payload = handler(state, body if isinstance(body, dict) else {})
+            self._send(status, payload)
+
+    return Handler
+
+
+def _health(state: DoubleState, body: dict) -> tuple[int, object]:
+    return (200, "") if state.healthy else (503, "unhealthy (set by the test double's control endpoint)")
+
+
+def _health_generate(state: DoubleState, body: dict) -> tuple[int, object]:
+    if state.memory_released:
+        return 503, "memory released: resume it before generating"
+    return _health(state, body)
+
+
+def _flush_cache(state: DoubleState, body: dict) -> tuple[int, object]:
+    return 200, "Cache flushed."
+
+
+def _get_weight_version(state: DoubleState, body: dict) -> tuple[int, object]:
+    return 200, {"weight_version": state.weight_version}
+
+
+def _update_weights_from_disk(state: DoubleState, body: dict) -> tuple[int, object]:
+    model_path = body.get("model_path")
+    if not model_path or not Path(model_path).is_dir():
+        return 400, {"success": False, "message": f"model_path {model_path!r} is not a directory"}
+    if not any(Path(model_path).glob("*.safetensors")):
+        return 400, {"success": False, "message": f"no *.safetensors under {model_path}"}
+    if state.memory_released:
+        return 400, {"success": False, "message": "memory released: resume it before updating weights"}
+    state.model_path = model_path
+    if body.get("weight_version") is not None:
+        state.weight_version = str(body["weight_version"])
+    return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+
+
+def _update_weight_version(state: DoubleState, body: dict) -> tuple[int, object]:
+    state.weight_version = str(body.get("new_version"))
+    return 200, {"success": True, "message": ""}
+
+
+def _succeed(state: DoubleState, body: dict) -> tuple[int, object]:
+    return 200, {"success": True, "message": "recorded by the sglang double"}
+
+
+def _update_weights_from_tensor(state: DoubleState, body: dict) -> tuple[int, object]:
+    if body.get("weight_version") is not None:
+        state.weight_version = str(body["weight_version"])
+    return _succeed(state, body)
+
+
+def _release_memory(state: DoubleState, body: dict) -> tuple[int, object]:
+    state.memory_released = True
+    return 200, {"success": True}
+
+
+def _resume_memory(state: DoubleState, body: dict) -> tuple[int, object]:
+    state.memory_released = False
+    return 200, {"success": True}
+
+
+def _pause_generation(state: DoubleState, body: dict) -> tuple[int, object]:
+    state.generation_paused = True
+    return 200, {"success": True}
+
+
+def _continue_generation(state: DoubleState, body: dict) -> tuple[int, object]:
+    state.generation_paused = False
+    return 200, {"success": True}
+
+
+def _generate(state: DoubleState, body: dict) -> tuple[int, object]:
+    return 200, {
+        "text": "",
+        "output_ids": [],
+        "meta_info": {"finish_reason": {"type": "length"}, "weight_version": state.weight_version},
+    }
+
+
+def _double_health(state: DoubleState, body: dict) -> tuple[int, object]:
+    state.healthy = bool(body.get("healthy", True))
+    return 200, {"healthy": state.healthy}
+
+
+ROUTES = {
+    "/health": _health,
+    "/health_generate": _health_generate,
+    "/flush_cache": _flush_cache,
+    "/get_weight_version": _get_weight_version,
+    "/update_weights_from_disk": _update_weights_from_disk,
+    "/update_weight_version": _update_weight_version,
+    "/update_weights_from_tensor": _update_weights_from_tensor,
+    "/init_weights_update_group": _succeed,
+    "/update_weights_from_distributed": _update_weights_from_tensor,
+    "/release_memory_occupation": _release_memory,
+    "/resume_memory_occupation": _resume_memory,
+    "/pause_generation": _pause_generation,
+    "/continue_generation": _continue_generation,
+    "/generate": _generate,
+    "/_double/health": _double_health,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
+    state = DoubleState(args, unknown)
+    if args.startup_delay:
+        time.sleep(args.startup_delay)
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+    server.daemon_threads = True
+    state.write_json(
+        "start",
+        {
+            "pid": os.getpid(),
+            "pgid": os.getpgid(0),
+            "argv": sys.argv if argv is None else argv,
+            "known": vars(args),
+            "unknown": unknown,
+            "time": time.time(),
+        },
+    )
+
+    def _stop(signum: int, frame: object) -> None:
+        state.write_json("stop", {"pid": os.getpid(), "signal": signum, "time": time.time()})
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    server.serve_forever(poll_interval=0.1)
+    server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
