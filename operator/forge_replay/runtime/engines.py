@@ -1,0 +1,438 @@
+"""sglang engines for forge mode: launch commands (pure), engine processes, Ray actors, HTTP client.
+
+One engine is one sglang HTTP server process (``python -m sglang.launch_server`` or the command
+given with ``--engine-command``), started by one Ray actor in its own process group and killed
+as a group at the end, on failure, and when its actor dies (PDEATHSIG + atexit + ``__del__``).
+The orchestration of the whole fleet (monitors, weight sync, recovery) is in
+:mod:`forge_replay.runtime.fleet`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SGLANG_LAUNCH_MODULE = "sglang.launch_server"
+
+RESERVED_ENGINE_ARGS = frozenset({"host", "port", "model-path", "tp-size", "tp", "base-gpu-id"})
+"""Server arguments forge-replay sets itself: an engineArgs entry for one of them is an error."""
+
+
+class EngineUnavailable(RuntimeError):
+    """No engine server can be launched (no sglang, no --engine-command)."""
+
+
+class EngineStartError(RuntimeError):
+    """An engine process exited or never became healthy."""
+
+
+class EngineHTTPError(RuntimeError):
+    """An engine answered an HTTP call with an error, or did not answer."""
+
+
+def resolve_engine_command(engine_command: str | None) -> list[str]:
+    """The argv prefix that starts one engine server; fails fast when there is none.
+
+    ``engine_command`` (``forge-replay run --engine-command``) replaces ``python -m
+    sglang.launch_server`` and receives the same arguments.
+    """
+    if engine_command is not None:
+        argv = shlex.split(engine_command)
+        if not argv:
+            raise EngineUnavailable("--engine-command is empty: give the command that starts one engine server")
+        return argv
+    if importlib.util.find_spec("sglang") is None:
+        raise EngineUnavailable(
+            "replay.mode forge starts sglang engines, but sglang is not installed in this Python "
+            f"({sys.executable}). Install forge-replay[sglang] (needs CUDA), or pass "
+            "--engine-command 'CMD' with a server that speaks sglang's HTTP API, "
+            "or use replay.mode: debug (no engines)."
+        )
+    return [sys.executable, "-m", SGLANG_LAUNCH_MODULE]
+
+
+def engine_args_problems(engine_args: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(field path, message) for every engineArgs entry forge-replay cannot pass through."""
+    problems = []
+    for key in engine_args:
+        path = f"spec.rollout.engineArgs.{key}"
+        name = key[2:] if key.startswith("--") else key
+        if not name or name.startswith("-") or any(c.isspace() for c in name):
+            problems.append((path, "an engine argument name is a sglang flag name like mem-fraction-static"))
+        elif name in RESERVED_ENGINE_ARGS:
+            problems.append((path, f"--{name} is set by forge-replay itself; remove it from engineArgs"))
+    return problems
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where an engine loads its model from, and how."""
+
+    model_path: str
+    load_format: str | None
+    """``dummy`` (random weights from a config alone) or None for the server's default."""
+    from_config: bool
+
+
+def prepare_model_source(
+    model_config: Mapping | None, model_path: str | None, model_root: str | None, scratch_dir: Path
+) -> ModelSource:
+    """The model an engine loads: a checkpoint dir under ``model_root``, or ``config`` written to
+    ``scratch_dir/engine-model/config.json`` and loaded with ``--load-format dummy``."""
+    if model_config is not None:
+        target = Path(scratch_dir) / "engine-model"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "config.json").write_text(json.dumps(dict(model_config), indent=1, sort_keys=True))
+        return ModelSource(str(target), "dummy", from_config=True)
+    if not model_path:
+        raise ValueError("spec.model: neither config nor path is set (the spec validation should have refused it)")
+    full = Path(model_root or "") / model_path if model_root else Path(model_path)
+    if not full.is_dir():
+        raise FileNotFoundError(
+            f"spec.model.path: model directory {full} does not exist "
+            f"(model root {model_root!r}); check spec.model.claimName/path or --model-root"
+        )
+    return ModelSource(str(full), None, from_config=False)
+
+
+def build_engine_argv(
+    command: Sequence[str],
+    *,
+    host: str,
+    port: int,
+    model: ModelSource,
+    tp_size: int,
+    engine_args: Mapping[str, str],
+    base_gpu_id: int | None = None,
+) -> list[str]:
+    """argv of one engine server: the command, then sglang's launch_server arguments.
+
+    engineArgs pass through as ``--key value``; an empty value passes the flag alone (sglang's
+    on/off switches). The server warm-up is skipped; a model from a config loads random weights
+    (``--load-format dummy``) unless engineArgs set ``load-format``.
+    """
+    problems = engine_args_problems(engine_args)
+    if problems:
+        raise ValueError("; ".join(f"{path}: {message}" for path, message in problems))
+    user = {(k[2:] if k.startswith("--") else k): str(v) for k, v in engine_args.items()}
+    argv = [*command, "--host", host, "--port", str(port), "--model-path", model.model_path]
+    argv += ["--tp-size", str(tp_size)]
+    if base_gpu_id is not None:
+        argv += ["--base-gpu-id", str(base_gpu_id)]
+    if model.load_format and "load-format" not in user:
+        argv += ["--load-format", model.load_format]
+    if "skip-server-warmup" not in user:
+        argv.append("--skip-server-warmup")
+    for name, value in user.items():
+        argv.append(f"--{name}")
+        if value != "":
+            argv.append(value)
+    return argv
+
+
+def engine_count(num_gpus: int, num_gpus_per_engine: int) -> int:
+    """Number of engines for a rollout section (its numGpus must divide: the spec rule 3)."""
+    if num_gpus < 1 or num_gpus_per_engine < 1 or num_gpus % num_gpus_per_engine:
+        raise ValueError(
+            f"spec.rollout: numGpus {num_gpus} must be a positive multiple of numGpusPerEngine {num_gpus_per_engine}"
+        )
+    return num_gpus // num_gpus_per_engine
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free right now on this host."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- HTTP client
+
+
+def engine_call(
+    url: str, path: str, *, method: str = "GET", body: dict | None = None, timeout_s: float = 30.0
+) -> object:
+    """One HTTP call to an engine: the decoded JSON (or text) answer, or EngineHTTPError naming the
+    engine, the endpoint and what it answered."""
+    import requests
+
+    try:
+        response = requests.request(method, url + path, json=body, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise EngineHTTPError(f"{method} {url}{path} failed: {exc}") from exc
+    if response.status_code >= 400:
+        raise EngineHTTPError(f"{method} {url}{path} answered {response.status_code}: {response.text[:500]}")
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+def probe_health(url: str, timeout_s: float) -> str | None:
+    """GET /health_generate within ``timeout_s``: None when healthy, else why not."""
+    try:
+        engine_call(url, "/health_generate", timeout_s=timeout_s)
+    except EngineHTTPError as exc:
+        return str(exc)
+    return None
+
+
+# --------------------------------------------------------------------------- engine process
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the parent (the engine actor) dies (Linux)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+class EngineProcess:
+    """One engine server process in its own process group, logged to ``log_path``."""
+
+    def __init__(self, argv: Sequence[str], url: str, log_path: Path, env: Mapping[str, str] | None = None):
+        self.argv = list(argv)
+        self.url = url
+        self.log_path = Path(log_path)
+        self.env = dict(os.environ if env is None else env)
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_healthy(self, timeout_s: float, probe_timeout_s: float = 5.0, poll_s: float = 0.2) -> float:
+        """Wait until /health_generate answers 200; the seconds it took. EngineStartError with the
+        log tail when the process exits or the deadline passes."""
+        started = time.monotonic()
+        last_problem = "not probed yet"
+        while True:
+            if not self.alive():
+                code = None if self.process is None else self.process.returncode
+                raise EngineStartError(
+                    f"engine at {self.url} exited with code {code} before it was healthy; "
+                    f"command: {shlex.join(self.argv)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            problem = probe_health(self.url, probe_timeout_s)
+            if problem is None:
+                return time.monotonic() - started
+            last_problem = problem
+            if time.monotonic() - started > timeout_s:
+                self.stop()
+                raise EngineStartError(
+                    f"engine at {self.url} was not healthy within {timeout_s:.0f} s ({last_problem}); "
+                    f"command: {shlex.join(self.argv)}\nlast lines of {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(poll_s)
+
+    def _signal_group(self, sig: int) -> bool:
+        if self.process is None:
+            return False
+        try:
+            os.killpg(self.process.pid, sig)  # start_new_session: the pgid is the leader's pid
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group now (fault injection, failed health)."""
+        self._signal_group(signal.SIGKILL)
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.error("engine %s (pid %s) did not exit after SIGKILL", self.url, self.process.pid)
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``grace_s``; the leader's exit code."""
+        if self.process is None:
+            return None
+        self._signal_group(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            log.warning("engine %s did not stop within %.0f s of SIGTERM: SIGKILL", self.url, grace_s)
+        # Children (sglang's schedulers) may outlive the leader: kill whatever is left of the group.
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("engine %s (pid %s) survived SIGKILL", self.url, self.process.pid)
+        return self.process.returncode
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Where one started engine runs."""
+
+    index: int
+    url: str
+    pid: int
+    node_ip: str
+    started_in_s: float
+
+
+class EngineActor:
+    """Ray actor owning one engine process (created through :func:`engine_actor_class`)."""
+
+    def __init__(
+        self,
+        index: int,
+        command: Sequence[str],
+        model: ModelSource,
+        tp_size: int,
+        engine_args: Mapping[str, str],
+        log_dir: str,
+        colocated_base_gpu_id: int | None = None,
+        use_gpus: bool = False,
+    ):
+        self.index = index
+        self.command = list(command)
+        self.model = model
+        self.tp_size = tp_size
+        self.engine_args = dict(engine_args)
+        self.log_dir = Path(log_dir)
+        self.colocated_base_gpu_id = colocated_base_gpu_id
+        self.use_gpus = use_gpus
+        self.engine: EngineProcess | None = None
+        self.host = self._node_ip()
+        self.port = free_port()
+        self.starts = 0
+        atexit.register(self.stop)
+
+    @staticmethod
+    def _node_ip() -> str:
+        try:
+            import ray
+
+            return ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001 - outside Ray (unit use) loopback is right
+            return "127.0.0.1"
+
+    def _base_gpu_id(self) -> int | None:
+        if not self.use_gpus:
+            return None
+        if self.colocated_base_gpu_id is not None:
+            return self.colocated_base_gpu_id
+        return 0  # disaggregated: Ray set CUDA_VISIBLE_DEVICES to this actor's GPUs
+
+    def argv(self) -> list[str]:
+        return build_engine_argv(
+            self.command,
+            host=self.host,
+            port=self.port,
+            model=self.model,
+            tp_size=self.tp_size,
+            engine_args=self.engine_args,
+            base_gpu_id=self._base_gpu_id(),
+        )
+
+    def start(self, health_timeout_s: float) -> EngineInfo:
+        """Start the engine process (again, on the same port) and wait for /health_generate."""
+        if self.engine is not None and self.engine.alive():
+            self.engine.stop()
+        self.starts += 1
+        url = f"http://{self.host}:{self.port}"
+        self.engine = EngineProcess(self.argv(), url, self.log_dir / f"engine-{self.index}.log")
+        self.engine.start()
+        took = self.engine.wait_healthy(health_timeout_s)
+        return EngineInfo(self.index, url, self.engine.pid or -1, self.host, took)
+
+    def is_alive(self) -> bool:
+        return self.engine is not None and self.engine.alive()
+
+    def exit_code(self) -> int | None:
+        return None if self.engine is None or self.engine.process is None else self.engine.process.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the engine's process group (fault injection, failed health check)."""
+        if self.engine is not None:
+            self.engine.kill()
+
+    def stop(self) -> int | None:
+        if self.engine is None:
+            return None
+        return self.engine.stop()
+
+    def gpu_memory_gib(self) -> float:
+        """GPU memory held by this engine's process group (nvidia-smi); 0.0 when nothing is listed."""
+        return engine_gpu_memory_gib(self.engine.pid if self.engine else None)
+
+    def __del__(self) -> None:
+        try:
+            self.stop()
+        except Exception:  # noqa: BLE001 - interpreter teardown: best effort, PDEATHSIG backs it up
+            pass
+
+
+def engine_gpu_memory_gib(pgid: int | None) -> float:
+    """GiB of GPU memory nvidia-smi lists for the processes of process group ``pgid``."""
+    if pgid is None:
+        return 0.0
+    import psutil
+
+    members = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.info["pid"]) == pgid:
+                members.add(proc.info["pid"])
+        except (ProcessLookupError, PermissionError):
+            continue
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout
+    mib = 0.0
+    for line in out.splitlines():
+        pid, _, used = line.partition(",")
+        if pid.strip().isdigit() and int(pid) in members:
+            mib += float(used.strip() or 0)
+    return mib / 1024
+
+
+def engine_actor_class():
+    """The Ray remote class of :class:`EngineActor` (imports Ray only when engines are started)."""
+    import ray
+
+    return ray.remote(EngineActor)

@@ -1,0 +1,377 @@
+"""The forge-mode engine fleet: engines, router, health monitor, weight sync, recovery, eval fleet.
+
+The rollout manager owns one :class:`EngineFleet` when ``plan.start_engines`` and calls its hooks:
+``start()``, ``before_generate(rollout_id)``, ``before_train_step(step)``,
+``after_train_step(step, weights)``, ``before_eval(eval_id)``, ``report()``, ``shutdown()``.
+Every rollout-side decision (monitor, fault injection, recovery, eval self-probe) comes from the
+:class:`~forge_replay.runtime.gating.RolloutSidePlan` it is given; nothing here re-derives it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forge_replay.runtime.engines import (
+    EngineInfo,
+    ModelSource,
+    engine_actor_class,
+    engine_count,
+    prepare_model_source,
+    probe_health,
+    resolve_engine_command,
+)
+from forge_replay.runtime.eval_fleet import EvalFleet
+from forge_replay.runtime.faults import FAULTS_ENV, FaultInjector
+from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
+from forge_replay.runtime.health import HealthMonitor
+from forge_replay.runtime.router import Router, plan_router, router_installed
+from forge_replay.runtime.weight_sync import (
+    push_weights_from_disk,
+    release_memory,
+    resume_memory,
+    write_versioned_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+
+ROLLOUT_GROUP = "rollout"
+
+
+class EngineDead(RuntimeError):
+    """An engine is dead and rollout fault tolerance is off, so it is not restarted."""
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """What the fleet needs from the spec, flattened (built by :meth:`EngineFleet.from_job`)."""
+
+    num_engines: int
+    gpus_per_engine: int
+    colocate: bool
+    use_gpus: bool
+    engine_args: Mapping[str, str] = field(default_factory=dict)
+    health_interval_s: float = 30.0
+    health_timeout_s: float = 30.0
+    health_first_wait_s: float = 0.0
+    startup_timeout_s: float = 900.0
+    push_timeout_s: float = 600.0
+    gpus_per_node: int = 0
+
+
+@dataclass
+class _Engine:
+    index: int
+    actor: object
+    info: EngineInfo | None = None
+    restarts: int = 0
+    stopped_by_monitor: bool = False
+
+
+class EngineFleet:
+    """All engines of one forge-mode run and everything done to them."""
+
+    def __init__(
+        self,
+        settings: FleetSettings,
+        plan: RolloutSidePlan,
+        command: Sequence[str],
+        model: ModelSource,
+        work_dir: Path,
+        *,
+        engine_command_given: bool,
+        weights_dir: Path | None = None,
+    ):
+        if not plan.start_engines:
+            raise RuntimeError("the rollout-side plan starts no engines (debug mode): no EngineFleet may exist")
+        self.settings = settings
+        self.plan = plan
+        self.command = list(command)
+        self.model = model
+        self.work_dir = Path(work_dir)
+        self.weights_dir = Path(weights_dir) if weights_dir else self.work_dir / "weights"
+        self.engine_command_given = engine_command_given
+        self.engines: list[_Engine] = []
+        self.router: Router | None = None
+        self.router_plan = plan_router(settings.num_engines, engine_command_given, router_installed())
+        self.monitor: HealthMonitor | None = None
+        self.injector: FaultInjector | None = None
+        self.faults_ignored = ""
+        self.eval_fleet = EvalFleet(self.targets, plan.eval_fleet_self_probe, settings.health_timeout_s)
+        self.weight_versions: list[str] = []
+        self.memory_held_gib: float | None = None
+        self._released = False
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_job(
+        cls,
+        job,
+        *,
+        engine_command: str | None,
+        model_root: str | None,
+        work_dir: Path | None = None,
+        weights_dir: Path | None = None,
+        plan: RolloutSidePlan | None = None,
+        startup_timeout_s: float = 900.0,
+    ) -> EngineFleet:
+        """Build the fleet of a validated ForgeReplayJob (fails fast without sglang or --engine-command)."""
+        spec = job.spec
+        ft = spec.fault_tolerance
+        plan = plan or plan_rollout_side(spec.replay.mode, ft.enabled, ft.components)
+        command = resolve_engine_command(engine_command)
+        rollout = spec.rollout
+        work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"forge-replay-{job.metadata.name}-"))
+        model = prepare_model_source(spec.model.config, spec.model.path, model_root, work_dir)
+        health = ft.health_check
+        settings = FleetSettings(
+            num_engines=engine_count(rollout.num_gpus, rollout.num_gpus_per_engine),
+            gpus_per_engine=rollout.num_gpus_per_engine,
+            colocate=rollout.colocate,
+            use_gpus=spec.trainer.gpus_per_node > 0,
+            gpus_per_node=spec.trainer.gpus_per_node,
+            engine_args=dict(rollout.engine_args or {}),
+            health_interval_s=health.interval_seconds,
+            health_timeout_s=health.timeout_seconds,
+            health_first_wait_s=health.first_wait_seconds,
+            startup_timeout_s=startup_timeout_s,
+        )
+        return cls(
+            settings, plan, command, model, work_dir,
+            engine_command_given=engine_command is not None, weights_dir=weights_dir,
+        )
+
+    def _actor_options(self, index: int) -> tuple[dict, int | None]:
+        """Ray options and colocated base GPU id of engine ``index``."""
+        s = self.settings
+        # num_cpus=0: an engine actor only waits on its process; it must not take the trainer's CPUs.
+        # max_concurrency: a health-triggered kill must not queue behind a long start().
+        options: dict = {"num_cpus": 0, "max_concurrency": 4}
+        if not s.use_gpus:
+            return options, None
+        if s.colocate:
+            # Colocated engines share the trainer's GPUs: they hold no Ray GPU resource (Ray then leaves
+            # CUDA_VISIBLE_DEVICES alone) and pick their GPUs with --base-gpu-id.
+            per_node = max(s.gpus_per_node, 1)
+            return options, (index * s.gpus_per_engine) % per_node
+        options["num_gpus"] = s.gpus_per_engine
+        return options, None
+
+    def _new_actor(self, index: int):
+        options, base_gpu = self._actor_options(index)
+        return engine_actor_class().options(**options).remote(
+            index, self.command, self.model, self.settings.gpus_per_engine, dict(self.settings.engine_args),
+            str(self.work_dir / "engine-logs"), colocated_base_gpu_id=base_gpu, use_gpus=self.settings.use_gpus,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Launch every engine, wait for /health_generate, then the router, monitor and injector."""
+        import ray
+
+        log.info("forge mode: starting %d engine(s): %s", self.settings.num_engines, " ".join(self.command))
+        self.engines = [_Engine(i, self._new_actor(i)) for i in range(self.settings.num_engines)]
+        infos = ray.get([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines])
+        for engine, info in zip(self.engines, infos, strict=True):
+            engine.info = info
+            log.info("engine %d healthy at %s (pid %d) after %.1f s", info.index, info.url, info.pid, info.started_in_s)
+        log.info("router: %s", self.router_plan.reason)
+        if self.router_plan.launch:
+            self.router = Router([e.info.url for e in self.engines], self.engines[0].info.node_ip, self.work_dir)
+            self.router.start()
+            self.router.process.wait_healthy(self.settings.startup_timeout_s)
+        if self.plan.health_monitors:
+            self.monitor = HealthMonitor(
+                ROLLOUT_GROUP, self.targets, probe_health, self._stop_failed_engine,
+                interval_s=self.settings.health_interval_s, timeout_s=self.settings.health_timeout_s,
+                first_wait_s=self.settings.health_first_wait_s,
+            )
+            self.monitor.start()
+        if self.plan.fault_injection:
+            self.injector = FaultInjector.from_env(len(self.engines))
+        elif self._faults_requested():
+            self.faults_ignored = (
+                f"${FAULTS_ENV} is set but ignored: fault injection needs faultTolerance.enabled "
+                "with rollout in components"
+            )
+            log.warning(self.faults_ignored)
+        self._sample_memory()
+
+    @staticmethod
+    def _faults_requested() -> bool:
+        import os
+
+        return bool(os.environ.get(FAULTS_ENV, "").strip())
+
+    def targets(self) -> list[tuple[int, str]]:
+        """(index, url) of the engines believed alive (a monitor-stopped one is left out until recovered)."""
+        return [(e.index, e.info.url) for e in self.engines if e.info is not None and not e.stopped_by_monitor]
+
+    @property
+    def urls(self) -> list[str]:
+        return [e.info.url for e in self.engines if e.info is not None]
+
+    def _stop_failed_engine(self, index: int, problem: str) -> None:
+        engine = self.engines[index]
+        engine.stopped_by_monitor = True
+        try:
+            import ray
+
+            ray.get(engine.actor.kill.remote())
+        except Exception as exc:  # noqa: BLE001 - the actor may be gone already: then so is its engine
+            log.warning("stopping engine %d after a failed health check: %s", index, exc)
+
+    def before_generate(self, rollout_id: int) -> None:
+        """Replay of rollout ``rollout_id`` starts: monitors resume."""
+        if self.monitor is not None:
+            self.monitor.resume()
+
+    def before_train_step(self, step: int) -> None:
+        """Training starts: monitors pause; colocated engines release their GPU memory."""
+        if self.monitor is not None:
+            self.monitor.pause()
+        if self.settings.colocate:
+            self._each(lambda url: release_memory(url, timeout_s=self.settings.push_timeout_s))
+            self._released = True
+
+    def after_train_step(self, step: int, weights: object) -> str:
+        """Push the new weights to every engine (recovering dead ones first under rollout FT); the version."""
+        if self.monitor is not None:
+            self.monitor.pause()
+        if self.plan.recover_before_weight_sync:
+            self._recover_dead_engines()
+        else:
+            self._require_all_alive(step)
+        if self._released:
+            self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
+            self._released = False
+        version = str(len(self.weight_versions) + 1)
+        config = json.loads((Path(self.model.model_path) / "config.json").read_text()) if self.model.from_config else None
+        checkpoint = write_versioned_checkpoint(weights, self.weights_dir, int(version), config=config)
+        self._each(
+            lambda url: push_weights_from_disk(url, checkpoint, version, timeout_s=self.settings.push_timeout_s)
+        )
+        self.weight_versions.append(version)
+        log.info("step %d: weight version %s pushed to %d engine(s) from %s", step, version, len(self.engines), checkpoint)
+        self._sample_memory()
+        if self.injector is not None:
+            for fault in self.injector.due(step):
+                log.warning("fault injection: %s", fault)
+                import ray
+
+                ray.get(self.engines[fault.engine].actor.kill.remote())
+        if self.monitor is not None:
+            self.monitor.resume()
+        return version
+
+    def before_eval(self, eval_id: int) -> None:
+        """Eval ``eval_id`` starts: the eval fleet probes itself when no monitor runs; monitors resume."""
+        self.eval_fleet.before_use(eval_id)
+        if self.monitor is not None:
+            self.monitor.resume()
+
+    def _each(self, action) -> None:
+        urls = self.urls
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(urls)))) as pool:
+            list(pool.map(action, urls))
+
+    def _alive(self, engine: _Engine) -> tuple[bool, str]:
+        import ray
+
+        try:
+            alive = ray.get(engine.actor.is_alive.remote())
+            code = ray.get(engine.actor.exit_code.remote())
+            return alive, f"exit code {code}"
+        except ray.exceptions.RayActorError as exc:
+            return False, f"its Ray actor died ({exc.__class__.__name__})"
+
+    def _require_all_alive(self, step: int) -> None:
+        for engine in self.engines:
+            alive, why = self._alive(engine)
+            if not alive:
+                raise EngineDead(
+                    f"step {step}: engine {engine.index} at {engine.info.url} is dead ({why}); rollout fault "
+                    "tolerance is off (faultTolerance.enabled with rollout in components), so it is not "
+                    "restarted and the weight sync cannot reach it"
+                )
+
+    def _recover_dead_engines(self) -> None:
+        import ray
+
+        for engine in self.engines:
+            alive, why = self._alive(engine)
+            if alive and not engine.stopped_by_monitor:
+                continue
+            old_url = engine.info.url if engine.info else None
+            if "actor died" in why:
+                engine.actor = self._new_actor(engine.index)
+            log.warning("recovering engine %d (%s) before the weight sync", engine.index, why)
+            engine.info = ray.get(engine.actor.start.remote(self.settings.startup_timeout_s))
+            engine.restarts += 1
+            engine.stopped_by_monitor = False
+            if self.router is not None and old_url:
+                self.router.replace_worker(old_url, engine.info.url)
+
+    def _sample_memory(self) -> None:
+        if not self.settings.use_gpus:
+            return
+        import ray
+
+        try:
+            held = sum(ray.get([e.actor.gpu_memory_gib.remote() for e in self.engines]))
+        except Exception as exc:  # noqa: BLE001 - a measurement, not a reason to fail the run
+            log.warning("could not read the engines' GPU memory: %s", exc)
+            return
+        self.memory_held_gib = max(self.memory_held_gib or 0.0, held)
+
+    def report(self) -> dict:
+        """The engines' part of the run report."""
+        counters = self.monitor.counters if self.monitor else None
+        return {
+            "engines": len(self.engines),
+            "urls": self.urls,
+            "router": self.router_plan.reason,
+            "restarts": sum(e.restarts for e in self.engines),
+            "restarts_by_engine": [e.restarts for e in self.engines],
+            "weight_versions": list(self.weight_versions),
+            "health_monitors": 1 if self.monitor else 0,
+            "health_probes": counters.probes if counters else 0,
+            "health_failures": counters.failures if counters else 0,
+            "faults_injected": [f"{f.kind}:step={f.step},engine={f.engine}" for f in self.injector.injected]
+            if self.injector else [],
+            "faults_ignored": self.faults_ignored or None,
+            "eval_self_probes": self.eval_fleet.self_probes,
+            "memory_held_gib": self.memory_held_gib,
+        }
+
+    def shutdown(self) -> None:
+        """Stop the monitor, the router and every engine process; kill the actors. Safe to call twice."""
+        import ray
+
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.router is not None:
+            self.router.stop()
+        stops = []
+        for engine in self.engines:
+            try:
+                stops.append(engine.actor.stop.remote())
+            except Exception as exc:  # noqa: BLE001
+                log.warning("engine %d: stop failed: %s", engine.index, exc)
+        for ref in stops:
+            try:
+                ray.get(ref, timeout=60)
+            except Exception as exc:  # noqa: BLE001 - a dead actor took its engine (PDEATHSIG) with it
+                log.warning("engine stop: %s", exc)
+        for engine in self.engines:
+            try:
+                ray.kill(engine.actor)
+            except Exception:  # noqa: BLE001
+                pass

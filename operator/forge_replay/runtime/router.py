@@ -1,0 +1,72 @@
+"""The router in front of several engines (as slime and miles run it).
+
+When there is more than one engine and ``sglang_router`` is installed, it is launched with
+``python -m sglang_router.launch_router --worker-urls URL ...`` in its own process group. Without
+it (and always with ``--engine-command``), engines are addressed directly: forge-replay pushes
+weights and probes health per engine anyway, and replay sends no generation traffic. That choice
+is logged and reported, never silent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge_replay.runtime.engines import EngineProcess, free_port
+
+ROUTER_MODULE = "sglang_router.launch_router"
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    """Whether a router runs, and why (the reason goes to the log and the report)."""
+
+    launch: bool
+    reason: str
+
+
+def plan_router(num_engines: int, engine_command_given: bool, router_installed: bool) -> RouterPlan:
+    """Decide whether to launch sglang_router in front of ``num_engines`` engines."""
+    if num_engines <= 1:
+        return RouterPlan(False, "one engine: addressed directly")
+    if engine_command_given:
+        return RouterPlan(False, "--engine-command given: engines addressed directly, no sglang_router")
+    if not router_installed:
+        return RouterPlan(False, "sglang_router is not installed: engines addressed directly")
+    return RouterPlan(True, f"sglang_router in front of {num_engines} engines")
+
+
+def router_installed() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def build_router_argv(worker_urls: Sequence[str], host: str, port: int) -> list[str]:
+    """argv of ``sglang_router.launch_router`` for ``worker_urls``."""
+    return [sys.executable, "-m", ROUTER_MODULE, "--host", host, "--port", str(port), "--worker-urls", *worker_urls]
+
+
+class Router:
+    """A running sglang_router process."""
+
+    def __init__(self, worker_urls: Sequence[str], host: str, log_dir: Path):
+        self.port = free_port()
+        self.url = f"http://{host}:{self.port}"
+        self.process = EngineProcess(build_router_argv(worker_urls, host, self.port), self.url, Path(log_dir) / "router.log")
+
+    def start(self) -> None:
+        self.process.start()
+
+    def replace_worker(self, old_url: str, new_url: str) -> None:
+        """Swap a recovered engine's URL (only when it came back on another address)."""
+        from forge_replay.runtime.engines import engine_call
+
+        if old_url == new_url:
+            return
+        engine_call(self.url, f"/remove_worker?url={old_url}", method="POST")
+        engine_call(self.url, f"/add_worker?url={new_url}", method="POST")
+
+    def stop(self) -> None:
+        self.process.stop()

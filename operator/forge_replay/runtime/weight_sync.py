@@ -1,0 +1,116 @@
+"""Pushing the trainer's weights to the engines after every training step.
+
+Path used: ``POST /update_weights_from_disk`` with a checkpoint directory the trainer writes into
+storage shared with the engines (safetensors, HF ``save_pretrained`` layout). Around it, as slime
+and miles drive sglang: ``/pause_generation`` before, then ``/get_weight_version`` must answer the
+version just pushed, ``/flush_cache`` drops KV entries computed with the old weights, and
+``/continue_generation``. When the engines share the trainer's GPUs (colocate) their memory is
+released (``/release_memory_occupation``) for training and resumed before the push.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge_replay.runtime.engines import EngineHTTPError, engine_call
+
+WEIGHTS_DIR_PREFIX = "weights-v"
+
+
+class WeightSyncError(RuntimeError):
+    """An engine refused or did not apply a weight push."""
+
+
+def save_weights(weights: object, directory: Path) -> Path:
+    """Write ``weights`` (a ``save_pretrained`` model, an ``nn.Module`` or a tensor dict) as safetensors
+    under ``directory``; a directory path is taken as an already written checkpoint."""
+    directory = Path(directory)
+    if isinstance(weights, (str, Path)):
+        source = Path(weights)
+        if not any(source.glob("*.safetensors")):
+            raise WeightSyncError(f"checkpoint {source} holds no *.safetensors file to push to the engines")
+        return source
+    directory.mkdir(parents=True, exist_ok=True)
+    if hasattr(weights, "save_pretrained"):
+        weights.save_pretrained(directory, safe_serialization=True)
+        return directory
+    from safetensors.torch import save_file
+
+    state = weights.state_dict() if hasattr(weights, "state_dict") else weights
+    if not isinstance(state, Mapping):
+        raise TypeError(f"cannot save weights of type {type(weights).__name__}: give a model or a tensor dict")
+    # safetensors refuses shared storage and non-contiguous views: store plain contiguous copies.
+    tensors = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in state.items()}
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+def write_versioned_checkpoint(weights: object, root: Path, version: int, config: Mapping | None = None) -> Path:
+    """Save ``weights`` to ``root/weights-v<version>`` (and its config.json when given), removing
+    older versions so the shared volume holds at most two."""
+    root = Path(root)
+    target = save_weights(weights, root / f"{WEIGHTS_DIR_PREFIX}{version}")
+    if config is not None and not (target / "config.json").exists():
+        (target / "config.json").write_text(json.dumps(dict(config), indent=1, sort_keys=True))
+    for old in root.glob(f"{WEIGHTS_DIR_PREFIX}*"):
+        suffix = old.name[len(WEIGHTS_DIR_PREFIX):]
+        if suffix.isdigit() and int(suffix) < version - 1 and old != target:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """One engine's answer to one weight push."""
+
+    url: str
+    version: str
+    confirmed_version: str
+
+
+Caller = Callable[..., object]
+
+
+def push_weights_from_disk(
+    url: str, checkpoint_dir: Path, version: str, *, timeout_s: float = 600.0, call: Caller = engine_call
+) -> PushResult:
+    """Push one checkpoint to one engine and check it took: pause, update, version, flush, continue."""
+    call(url, "/pause_generation", method="POST", body={"mode": "abort"}, timeout_s=timeout_s)
+    try:
+        answer = call(
+            url,
+            "/update_weights_from_disk",
+            method="POST",
+            body={"model_path": str(checkpoint_dir), "weight_version": version},
+            timeout_s=timeout_s,
+        )
+    except EngineHTTPError as exc:
+        raise WeightSyncError(f"engine {url} refused the weights in {checkpoint_dir} (version {version}): {exc}") from exc
+    if isinstance(answer, dict) and answer.get("success") is False:
+        raise WeightSyncError(
+            f"engine {url} did not load the weights in {checkpoint_dir} (version {version}): {answer.get('message')}"
+        )
+    reported = call(url, "/get_weight_version", timeout_s=timeout_s)
+    confirmed = str(reported.get("weight_version")) if isinstance(reported, dict) else str(reported).strip()
+    if confirmed != version:
+        raise WeightSyncError(
+            f"engine {url} reports weight version {confirmed!r} after loading version {version!r} from "
+            f"{checkpoint_dir}: the push did not take"
+        )
+    call(url, "/flush_cache", timeout_s=timeout_s)
+    call(url, "/continue_generation", method="POST", body={}, timeout_s=timeout_s)
+    return PushResult(url, version, confirmed)
+
+
+def release_memory(url: str, *, timeout_s: float = 120.0, call: Caller = engine_call) -> None:
+    """Colocated engines give their GPU memory (weights, KV cache, CUDA graphs) to the trainer."""
+    call(url, "/release_memory_occupation", method="POST", body={}, timeout_s=timeout_s)
+
+
+def resume_memory(url: str, *, timeout_s: float = 120.0, call: Caller = engine_call) -> None:
+    """Colocated engines take their GPU memory back after training."""
+    call(url, "/resume_memory_occupation", method="POST", body={}, timeout_s=timeout_s)
