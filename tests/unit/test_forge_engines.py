@@ -1,0 +1,134 @@
+"""Pure parts of forge mode: engine launch commands, model source, faults, router plan."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from forge_replay.runtime import engines
+from forge_replay.runtime.engines import (
+    EngineUnavailable,
+    ModelSource,
+    build_engine_argv,
+    engine_args_problems,
+    engine_count,
+    prepare_model_source,
+    resolve_engine_command,
+)
+from forge_replay.runtime.faults import Fault, FaultInjector, parse_faults
+from forge_replay.runtime.router import build_router_argv, plan_router
+
+DUMMY = ModelSource("/scratch/engine-model", "dummy", from_config=True)
+
+
+def test_argv_passes_engine_args_and_sets_what_forge_replay_owns():
+    argv = build_engine_argv(
+        ["python", "-m", "sglang.launch_server"],
+        host="10.0.0.5",
+        port=31000,
+        model=DUMMY,
+        tp_size=2,
+        engine_args={"mem-fraction-static": "0.7", "--context-length": "65536", "enable-memory-saver": ""},
+        base_gpu_id=4,
+    )
+    assert argv == [
+        "python", "-m", "sglang.launch_server",
+        "--host", "10.0.0.5", "--port", "31000", "--model-path", "/scratch/engine-model",
+        "--tp-size", "2", "--base-gpu-id", "4", "--load-format", "dummy", "--skip-server-warmup",
+        "--mem-fraction-static", "0.7", "--context-length", "65536", "--enable-memory-saver",
+    ]
+
+
+def test_argv_for_a_checkpoint_has_no_load_format_and_user_load_format_wins():
+    checkpoint = ModelSource("/mnt/forge-replay/model/Qwen3-8B", None, from_config=False)
+    argv = build_engine_argv(["srv"], host="h", port=1, model=checkpoint, tp_size=1, engine_args={})
+    assert "--load-format" not in argv and "--base-gpu-id" not in argv
+    argv = build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1, engine_args={"load-format": "auto"})
+    assert argv.count("--load-format") == 1 and argv[argv.index("--load-format") + 1] == "auto"
+
+
+@pytest.mark.parametrize("key", ["port", "--host", "model-path", "tp-size", "base-gpu-id"])
+def test_reserved_engine_args_are_refused_with_their_field_path(key):
+    assert engine_args_problems({key: "1"})[0][0] == f"spec.rollout.engineArgs.{key}"
+    with pytest.raises(ValueError, match=f"spec.rollout.engineArgs.{key}"):
+        build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1, engine_args={key: "1"})
+
+
+def test_malformed_engine_arg_names_are_refused():
+    assert engine_args_problems({"---x": "1", "a b": "1", "ok-name": "1"}) == [
+        ("spec.rollout.engineArgs.---x", engine_args_problems({"---x": "1"})[0][1]),
+        ("spec.rollout.engineArgs.a b", engine_args_problems({"a b": "1"})[0][1]),
+    ]
+
+
+def test_engine_command_replaces_sglang_and_is_split_like_a_shell():
+    assert resolve_engine_command("python 'my server.py' --record-dir /tmp/x") == [
+        "python", "my server.py", "--record-dir", "/tmp/x",
+    ]
+    with pytest.raises(EngineUnavailable, match="empty"):
+        resolve_engine_command("  ")
+
+
+def test_without_engine_command_sglang_is_used_or_forge_mode_fails_fast():
+    if engines.importlib.util.find_spec("sglang") is not None:
+        assert resolve_engine_command(None) == [sys.executable, "-m", "sglang.launch_server"]
+        return
+    with pytest.raises(EngineUnavailable, match="sglang is not installed.*--engine-command"):
+        resolve_engine_command(None)
+
+
+def test_model_from_config_is_written_for_a_dummy_load(tmp_path):
+    source = prepare_model_source({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}, None, None, tmp_path)
+    assert source.load_format == "dummy" and source.from_config
+    assert json.loads((tmp_path / "engine-model" / "config.json").read_text())["hidden_size"] == 64
+
+
+def test_model_path_is_resolved_under_the_model_root_and_must_exist(tmp_path):
+    (tmp_path / "Qwen3-8B").mkdir()
+    source = prepare_model_source(None, "Qwen3-8B", str(tmp_path), tmp_path / "scratch")
+    assert source == ModelSource(str(tmp_path / "Qwen3-8B"), None, from_config=False)
+    with pytest.raises(FileNotFoundError, match="spec.model.path: model directory .*missing"):
+        prepare_model_source(None, "missing", str(tmp_path), tmp_path / "scratch")
+
+
+def test_engine_count_divides_gpus():
+    assert engine_count(8, 2) == 4
+    with pytest.raises(ValueError, match="numGpusPerEngine 3"):
+        engine_count(8, 3)
+
+
+def test_faults_parse_and_fire_once_at_their_step():
+    faults = parse_faults("kill-engine:step=1,engine=0; kill-engine:step=3,engine=1")
+    assert faults == [Fault("kill-engine", 1, 0), Fault("kill-engine", 3, 1)]
+    injector = FaultInjector(faults, num_engines=2)
+    assert injector.due(0) == [] and injector.due(1) == [Fault("kill-engine", 1, 0)] and injector.due(1) == []
+    assert injector.injected == [Fault("kill-engine", 1, 0)]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("explode:step=1,engine=0", "unknown kind 'explode'"),
+        ("kill-engine:step=1", "needs both"),
+        ("kill-engine:step=x,engine=0", "expected step=N,engine=N"),
+    ],
+)
+def test_bad_faults_are_named(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_faults(text)
+
+
+def test_a_fault_on_a_missing_engine_is_refused():
+    with pytest.raises(ValueError, match="there are 2"):
+        FaultInjector.from_env(2, {"FORGE_REPLAY_INJECT_FAULTS": "kill-engine:step=0,engine=2"})
+
+
+def test_router_only_in_front_of_several_sglang_engines():
+    assert not plan_router(1, False, True).launch
+    assert not plan_router(4, True, True).launch
+    assert "not installed" in plan_router(4, False, False).reason
+    assert plan_router(4, False, True).launch
+    argv = build_router_argv(["http://a:1", "http://b:2"], "0.0.0.0", 30000)
+    assert argv[1:3] == ["-m", "sglang_router.launch_router"] and argv[-3:] == ["--worker-urls", "http://a:1", "http://b:2"]

@@ -1,0 +1,83 @@
+"""Table test of the rollout-side plan over mode x FT enabled x components (miles' replay fix)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
+
+COMPONENT_SETS = [(), ("train",), ("rollout",), ("train", "rollout"), ("rollout", "train")]
+
+
+def expected_plan(mode: str, enabled: bool, components: tuple[str, ...]) -> dict[str, bool]:
+    """The rule written out longhand, row by row, independent of the implementation's expression."""
+    forge = mode == "forge"
+    rollout_ft = forge and enabled and "rollout" in components
+    return {
+        "start_engines": forge,
+        "construct_rollout_function": forge,
+        "health_monitors": rollout_ft,
+        "fault_injection": rollout_ft,
+        "recover_before_weight_sync": rollout_ft,
+        "eval_fleet_self_probe": forge and not rollout_ft,
+    }
+
+
+# The full table, spelled out so a reader sees every row and a changed rule fails a named row.
+TABLE = [
+    # mode,   enabled, components,            engines, monitors/injection/recovery, self-probe
+    ("forge", False, (), True, False, True),
+    ("forge", False, ("train",), True, False, True),
+    ("forge", False, ("rollout",), True, False, True),
+    ("forge", False, ("train", "rollout"), True, False, True),
+    ("forge", True, (), True, False, True),
+    ("forge", True, ("train",), True, False, True),
+    ("forge", True, ("rollout",), True, True, False),
+    ("forge", True, ("train", "rollout"), True, True, False),
+    ("debug", False, (), False, False, False),
+    ("debug", False, ("train",), False, False, False),
+    ("debug", True, ("train",), False, False, False),
+    ("debug", True, ("rollout",), False, False, False),
+    ("debug", True, ("train", "rollout"), False, False, False),
+]
+
+
+@pytest.mark.parametrize(("mode", "enabled", "components", "engines", "rollout_ft", "self_probe"), TABLE)
+def test_plan_table(mode, enabled, components, engines, rollout_ft, self_probe):
+    plan = plan_rollout_side(mode, enabled, components)
+    assert plan == RolloutSidePlan(
+        start_engines=engines,
+        construct_rollout_function=engines,
+        health_monitors=rollout_ft,
+        fault_injection=rollout_ft,
+        recover_before_weight_sync=rollout_ft,
+        eval_fleet_self_probe=self_probe,
+    )
+    assert plan.rollout_ft is rollout_ft
+
+
+@pytest.mark.parametrize(
+    ("mode", "enabled", "components"), itertools.product(("forge", "debug"), (False, True), COMPONENT_SETS)
+)
+def test_plan_matches_longhand_rule_everywhere(mode, enabled, components):
+    plan = plan_rollout_side(mode, enabled, components)
+    assert {name: getattr(plan, name) for name in expected_plan(mode, enabled, components)} == expected_plan(
+        mode, enabled, components
+    )
+
+
+def test_train_only_ft_plans_exactly_like_no_ft():
+    """The miles determinism bug: train-only FT must not add a single rollout-side action."""
+    assert plan_rollout_side("forge", True, ["train"]) == plan_rollout_side("forge", False, [])
+
+
+def test_components_may_be_any_iterable():
+    assert plan_rollout_side("forge", True, iter(["rollout"])).health_monitors
+    assert plan_rollout_side("forge", True, {"rollout"}).recover_before_weight_sync
+
+
+def test_unknown_mode_is_refused_with_the_mode_named():
+    with pytest.raises(ValueError, match="'replay'"):
+        plan_rollout_side("replay", False, [])
