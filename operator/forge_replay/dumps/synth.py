@@ -42,6 +42,7 @@ def synth_samples(
             samples.append(
                 Sample(
                     group_index=group,
+                    rollout_id=rollout_id,
                     index=group * samples_per_prompt + k,
                     prompt=f"synthetic prompt {group}",
                     tokens=prompt_tokens + response_tokens,

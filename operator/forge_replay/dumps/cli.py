@@ -1,0 +1,209 @@
+"""`forge-replay dumps ...`: inspect, verify, synth and pack rollout dumps.
+
+torch is imported only inside commands, so `forge-replay --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def _fail(message: str, code: int = 1) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group()
+def dumps() -> None:
+    """Inspect, verify, synthesize and pack slime/miles rollout dumps (never executes pickled code)."""
+
+
+@dumps.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def inspect(path: str, as_json: bool) -> None:
+    """Summarize one dump: samples, groups, token lengths, rewards, statuses, optional fields."""
+    from rich.console import Console
+
+    from forge_replay.dumps import DumpError, SampleError, load
+    from forge_replay.dumps.summary import render_text, summarize
+
+    try:
+        with Console(stderr=True).status(f"loading {path}"):
+            dump = load(path)
+    except (DumpError, SampleError) as exc:
+        _fail(str(exc))
+    summary = summarize(dump)
+    click.echo(json.dumps(summary, indent=2, default=str) if as_json else render_text(summary))
+
+
+@dumps.command()
+@click.option("--path", "template", required=True, help="Dump path: literal, or a {rollout_id} template.")
+@click.option("--num-rollouts", type=click.IntRange(min=1), required=True)
+@click.option("--start-rollout-id", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--eval-interval", type=click.IntRange(min=0), default=0, show_default=True, help="0 = no eval.")
+@click.option("--root", type=click.Path(file_okay=False), default=None, help="Directory the path is relative to.")
+@click.option("--no-fallback", is_flag=True, help="A missing train dump is a problem, not a fallback to rollout 0.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify(
+    template: str,
+    num_rollouts: int,
+    start_rollout_id: int,
+    eval_interval: int,
+    root: str | None,
+    no_fallback: bool,
+    as_json: bool,
+) -> None:
+    """Check that every needed dump exists and loads safely. Exit 0 ok, 1 problems, 2 usage."""
+    from forge_replay.dumps.verify import verify_dumps
+
+    try:
+        report = verify_dumps(
+            root,
+            template,
+            num_rollouts,
+            start_rollout_id=start_rollout_id,
+            eval_interval=eval_interval,
+            fallback=not no_fallback,
+            progress=not as_json,
+        )
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
+    sys.exit(0 if report.ok else 1)
+
+
+@dumps.command()
+@click.option("--out", "template", required=True, help="Output path: literal, or a {rollout_id} template.")
+@click.option("--num-rollouts", type=click.IntRange(min=1), required=True)
+@click.option("--prompts", type=click.IntRange(min=1), required=True)
+@click.option("--samples-per-prompt", type=click.IntRange(min=1), required=True)
+@click.option("--prompt-len", type=click.IntRange(min=1), required=True)
+@click.option("--response-len", type=click.IntRange(min=1), required=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--vocab-size", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--start-rollout-id", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--eval-ids", default="", help="Comma-separated eval ids to write as eval_N files (template only).")
+@click.option("--ragged", is_flag=True, help="Vary response lengths in [1, response-len].")
+def synth(
+    template: str,
+    num_rollouts: int,
+    prompts: int,
+    samples_per_prompt: int,
+    prompt_len: int,
+    response_len: int,
+    seed: int,
+    vocab_size: int,
+    start_rollout_id: int,
+    eval_ids: str,
+    ragged: bool,
+) -> None:
+    """Write slime-format dumps of any shape (raw rewards, grouped samples), e.g. for memory tests."""
+    from forge_replay.dumps.synth import write_synth_dumps
+
+    try:
+        ids = [int(x) for x in eval_ids.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"--eval-ids must be comma-separated integers, got {eval_ids!r}", code=2)
+    try:
+        paths = write_synth_dumps(
+            template,
+            num_rollouts,
+            prompts,
+            samples_per_prompt,
+            prompt_len,
+            response_len,
+            seed=seed,
+            vocab_size=vocab_size,
+            eval_ids=ids,
+            start_rollout_id=start_rollout_id,
+            ragged=ragged,
+            progress=True,
+        )
+    except ValueError as exc:
+        _fail(str(exc), code=2)
+    click.echo(f"wrote {len(paths)} dump(s): {paths[0]}{' ...' if len(paths) > 1 else ''}")
+
+
+@dumps.command()
+@click.argument("source")
+@click.argument("destination")
+@click.option("--num-rollouts", type=click.IntRange(min=1), default=None, help="With {rollout_id} templates.")
+@click.option("--start-rollout-id", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--eval-ids", default="", help="Comma-separated eval ids to pack too (templates only).")
+@click.option("--no-check", is_flag=True, help="Skip reading each packed file back and comparing it.")
+def pack(
+    source: str, destination: str, num_rollouts: int | None, start_rollout_id: int, eval_ids: str, no_check: bool
+) -> None:
+    """Rewrite dumps in the packed format (flat arrays, memory-mappable); the loader reads it transparently.
+
+    SOURCE and DESTINATION are both literal paths, or both {rollout_id} templates (then give
+    --num-rollouts). Missing source files of a template are skipped and reported.
+    """
+    import os
+
+    from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
+    from forge_replay.dumps import DumpError, load_raw
+    from forge_replay.dumps.packed import load_packed_raw, write_packed
+    from forge_replay.dumps.progress import progress_bar
+
+    for name, value in (("SOURCE", source), ("DESTINATION", destination)):
+        problem = path_problem(value.lstrip("/"))
+        if problem:
+            _fail(f"{name} {value!r} {problem}", code=2)
+    if is_template(source) != is_template(destination):
+        _fail("SOURCE and DESTINATION must both be literal paths or both {rollout_id} templates", code=2)
+    if is_template(source) and num_rollouts is None:
+        _fail("--num-rollouts is required with {rollout_id} templates", code=2)
+    try:
+        ids = [int(x) for x in eval_ids.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"--eval-ids must be comma-separated integers, got {eval_ids!r}", code=2)
+    if is_template(source):
+        rollout_ids = range(start_rollout_id, start_rollout_id + (num_rollouts or 0))
+        pairs = [(train_path(source, n), train_path(destination, n)) for n in rollout_ids]
+        pairs += [(eval_path(source, e) or "", eval_path(destination, e) or "") for e in ids]
+    else:
+        pairs = [(source, destination)]
+    packed, skipped = 0, []
+    with progress_bar(True, len(pairs), "packing dumps") as advance:
+        for src, dst in pairs:
+            if not os.path.exists(src):
+                skipped.append(src)
+                advance(src)
+                continue
+            try:
+                blob = load_raw(src)
+                write_packed(dst, blob["rollout_id"], blob["samples"])
+                if not no_check and not _same(load_packed_raw(dst), blob):
+                    _fail(f"{dst}: packed file does not read back identical to {src}")
+            except DumpError as exc:
+                _fail(str(exc))
+            packed += 1
+            advance(dst)
+    click.echo(f"packed {packed} dump(s)" + (f"; skipped missing: {', '.join(skipped)}" if skipped else ""))
+    if packed == 0:
+        sys.exit(1)
+
+
+def _same(a: object, b: object) -> bool:
+    """Deep equality that also compares tensors by value."""
+    if hasattr(a, "equal") and hasattr(b, "equal") and not isinstance(a, (list, dict)):
+        return type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and bool(a.equal(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if type(a) is not type(b) or len(a) != len(b):
+            return False
+        try:
+            if a == b:  # C-speed path for plain number lists
+                return True
+        except RuntimeError:  # tensors inside: compare element by element
+            pass
+        return all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # NaN
+    return type(a) is type(b) and a == b
