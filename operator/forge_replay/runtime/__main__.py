@@ -1,0 +1,51 @@
+"""In-cluster entry point: ``python -m forge_replay.runtime --config FILE``.
+
+FILE is the runtime config the operator mounts from a ConfigMap (``RuntimeConfig``: the validated
+job plus the mount points). Joins the Ray cluster (``RAY_ADDRESS`` under a KubeRay RayJob) or starts
+a local Ray. Exit status: 0 success, 1 the run failed, 2 the config is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from forge_replay.api.paths import CONFIG_PATH
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m forge_replay.runtime", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=CONFIG_PATH, help=f"runtime config YAML (default {CONFIG_PATH})")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from forge_replay.api.models import SpecInvalid
+    from forge_replay.api.runtime_config import RuntimeConfig
+
+    try:
+        config = RuntimeConfig.from_file(args.config)
+    except SpecInvalid as exc:
+        for problem in exc.problems:
+            print(f"{args.config}: {problem}", file=sys.stderr)
+        return 2
+
+    import ray
+
+    from forge_replay.runtime.driver import ReplayRunError, connect_ray, run_job
+
+    how = connect_ray(local=False)
+    logging.getLogger(__name__).info("Ray: %s", how)
+    try:
+        run_job(config, fixed_cluster=False, show_progress=not args.no_progress)
+    except ReplayRunError as exc:
+        print(f"forge-replay: run failed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""`forge-replay run FILE`: validate a ForgeReplayJob and replay it on a local Ray.
+
+Kept free of torch/ray imports at module level so `forge-replay --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+LOCAL_STATE = ".forge-replay"
+
+
+def default_dumps_root(claim_name: str) -> str:
+    """Where a PVC's contents live locally when --dumps-root is not given."""
+    return os.path.join(LOCAL_STATE, "dumps", claim_name)
+
+
+def synth_shape(job) -> dict:
+    """The shape of the dumps ``--synth-missing`` writes: small, and within the model's vocabulary."""
+    spec = job.spec
+    vocab = None
+    if spec.model.config is not None:
+        vocab = spec.model.config.get("vocab_size")
+    return {
+        "prompts": 4,
+        "samples_per_prompt": spec.trainer.n_samples_per_prompt or 4,
+        "prompt_len": 16,
+        "response_len": 48,
+        "vocab_size": min(int(vocab), 32000) if vocab else 32000,
+        "seed": spec.trainer.seed,
+    }
+
+
+def synthesize_if_absent(job, dumps_root: str, echo) -> list[str]:
+    """Write synthetic dumps when *none* of the job's dump files exist (a fresh machine).
+
+    If some exist, nothing is written: filling gaps would hide the fallback a user may be testing.
+    """
+    from forge_replay.api.dump_path import is_template, train_path
+    from forge_replay.dumps.synth import write_synth_dumps
+    from forge_replay.dumps.verify import eval_rollout_ids
+
+    replay = job.spec.replay
+    template = replay.dumps.path
+    ids = range(replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts)
+    needed = {os.path.join(dumps_root, train_path(template, n)) for n in ids}
+    if any(os.path.exists(p) for p in needed):
+        return []
+    shape = synth_shape(job)
+    start = replay.start_rollout_id if is_template(template) else 0
+    written = write_synth_dumps(
+        os.path.join(dumps_root, template),
+        replay.num_rollouts,
+        eval_ids=eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval),
+        start_rollout_id=start,
+        progress=True,
+        **shape,
+    )
+    echo(f"synthesized {len(written)} dump(s) under {dumps_root} "
+         f"({shape['prompts']} prompts x {shape['samples_per_prompt']} samples, "
+         f"{shape['prompt_len']}+{shape['response_len']} tokens)")
+    return written
+
+
+def load_one_job(file: str):
+    """The single ForgeReplayJob in ``file``; raises click.ClickException-friendly messages."""
+    from forge_replay.api import DocumentError, NotAForgeReplayJob, SpecInvalid, load_documents, parse_job
+
+    try:
+        docs = load_documents(file)
+    except DocumentError as exc:
+        raise _Unusable(f"{file}: {exc}") from None
+    if len(docs) != 1:
+        raise _Unusable(f"{file}: holds {len(docs)} YAML documents; `run` takes exactly one ForgeReplayJob")
+    try:
+        return parse_job(docs[0])
+    except NotAForgeReplayJob as exc:
+        raise _Unusable(f"{file}: {exc}") from None
+    except SpecInvalid as exc:
+        raise _Unusable("\n".join(f"{file}: {p}" for p in exc.problems)) from None
+
+
+class _Unusable(Exception):
+    pass
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dumps-root", type=click.Path(file_okay=False), default=None,
+              help="Local folder standing in for the dumps PVC root (default .forge-replay/dumps/<claimName>).")
+@click.option("--results", "results_dir", type=click.Path(file_okay=False), default=None,
+              help="Where report.json, memory.png and progress.json go (default results/<job name>).")
+@click.option("--model-root", type=click.Path(file_okay=False), default=None,
+              help="Local folder standing in for the model PVC root (spec.model.path is relative to it).")
+@click.option("--synth-missing", is_flag=True,
+              help="When none of the job's dump files exist, synthesize small slime-format dumps first.")
+@click.option("--engine-command", default=None, metavar="CMD",
+              help="forge mode: command replacing `python -m sglang.launch_server` (same arguments).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
+        synth_missing: bool, engine_command: str | None, no_progress: bool) -> None:
+    """Validate FILE (one ForgeReplayJob) and replay it on a local Ray on this machine.
+
+    The PVC paths of the spec are mapped to local folders (--dumps-root, --model-root). Writes
+    report.json (per rollout: loss, tokens, step and data-wait time, memory peaks per rank,
+    fallback used), memory.png and progress.json to the results folder and prints a table.
+    Exit status: 0 success; 1 the run failed (missing dump, bad sample, trainer error);
+    2 FILE is unusable (unreadable, invalid spec, forge mode without sglang or --engine-command).
+    """
+    err = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    try:
+        job = load_one_job(file)
+    except _Unusable as exc:
+        err(str(exc))
+        sys.exit(EXIT_UNUSABLE)
+    spec = job.spec
+    name = job.metadata.name or "forge-replay"
+    dumps_root = dumps_root or default_dumps_root(spec.replay.dumps.claim_name)
+    results_dir = results_dir or os.path.join("results", name)
+    if model_root is None and spec.model.path:
+        model_root = os.path.join(LOCAL_STATE, "models", spec.model.claim_name or "")
+
+    from forge_replay.runtime.gating import plan_rollout_side
+
+    plan = plan_rollout_side(spec.replay.mode, spec.fault_tolerance.enabled, spec.fault_tolerance.active_components)
+    if plan.start_engines:
+        from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
+
+        problem = forge_prerequisite_problem(engine_command)
+        if problem:
+            err(f"{file}: {problem}")
+            sys.exit(EXIT_UNUSABLE)
+
+    if synth_missing:
+        synthesize_if_absent(job, dumps_root, err)
+    elif not Path(dumps_root).is_dir():
+        err(f"{file}: dumps root {dumps_root} does not exist (spec.replay.dumps.claimName "
+            f"{spec.replay.dumps.claim_name!r}); pass --dumps-root DIR, or --synth-missing to synthesize dumps")
+        sys.exit(EXIT_FAILED)
+
+    from forge_replay.api.runtime_config import RuntimeConfig
+    from forge_replay.runtime.driver import ReplayRunError, connect_ray, local_cpus_needed, run_job
+    from forge_replay.runtime.trainer import trainer_settings
+
+    config = RuntimeConfig(job=job, dumps_root=os.path.abspath(dumps_root), results_dir=os.path.abspath(results_dir),
+                           model_root=os.path.abspath(model_root) if model_root else None,
+                           engine_command=engine_command, progress_configmap=None)
+    import ray
+
+    connect_ray(local=True, num_cpus=local_cpus_needed(trainer_settings(spec.trainer).world_size))
+    try:
+        run_job(config, fixed_cluster=True, show_progress=not no_progress)
+    except ReplayRunError as exc:
+        err(f"forge-replay run {file}: {exc}")
+        sys.exit(EXIT_FAILED)
+    finally:
+        ray.shutdown()

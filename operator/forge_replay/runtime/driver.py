@@ -1,0 +1,210 @@
+"""The driver: the rollout loop on Ray (rollout manager -> trainer group -> report).
+
+``run_job`` assumes Ray is connected (see :func:`connect_ray`); the CLI and
+``python -m forge_replay.runtime`` are thin shells around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict
+
+from forge_replay.runtime.gating import plan_rollout_side
+from forge_replay.runtime.report import EvalRecord, RunReport, combine_rank_results, memory_peak, summarize
+
+log = logging.getLogger(__name__)
+
+
+class ReplayRunError(RuntimeError):
+    """The run cannot go on; the message says what, where (rollout id, path, sample) and what to do."""
+
+
+def connect_ray(*, local: bool, num_cpus: int | None = None) -> str:
+    """Join the Ray cluster (``RAY_ADDRESS``, as under a KubeRay RayJob) or start a local Ray.
+
+    ``local=True`` always starts a fresh local Ray (``forge-replay run``). Returns how it connected.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return "already connected"
+    quiet = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
+    if not local:
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address="auto", logging_level=logging.WARNING)
+            return f"joined {os.environ['RAY_ADDRESS']}"
+        try:
+            ray.init(address="auto", logging_level=logging.WARNING)
+            return "joined the local Ray cluster"
+        except ConnectionError:
+            pass
+    ray.init(address="local", num_cpus=num_cpus, **quiet)
+    return "started a local Ray"
+
+
+def local_cpus_needed(world_size: int) -> int:
+    """Logical CPUs a local Ray needs: one per trainer rank (the manager takes none)."""
+    return max(os.cpu_count() or 1, world_size)
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The user's error inside Ray's wrappers (RayTaskError / ActorDiedError)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True) -> RunReport:
+    """Replay ``config.job`` on the connected Ray: every rollout trained, progress published,
+    the report written to ``config.results_dir``. Raises :class:`ReplayRunError` with a clear message."""
+    import ray
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from forge_replay.api.models import MemoryPeak
+    from forge_replay.api.progress import ProgressReport
+    from forge_replay.dumps.verify import eval_rollout_ids
+    from forge_replay.runtime.model import ModelError, model_source
+    from forge_replay.runtime.placement import place_trainer
+    from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
+    from forge_replay.runtime.report import render_table, write_report
+    from forge_replay.runtime.rollout_manager import RolloutManager, forge_prerequisite_problem
+    from forge_replay.runtime.trainer import TrainerGroup, trainer_settings
+
+    console = console or Console(stderr=True)
+    started = time.perf_counter()
+    job, spec = config.job, config.job.spec
+    replay = spec.replay
+    plan = plan_rollout_side(replay.mode, spec.fault_tolerance.enabled, spec.fault_tolerance.active_components)
+    if plan.start_engines:
+        problem = forge_prerequisite_problem(config.engine_command)
+        if problem:
+            raise ReplayRunError(problem)
+    if replay.verify:
+        verify_or_raise(config)
+    try:
+        source = model_source(spec.model, config.model_root)
+    except ModelError as exc:
+        raise ReplayRunError(str(exc)) from None
+    settings = trainer_settings(spec.trainer)
+    rollout_ids = list(range(replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts))
+    eval_after = set(eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval))
+    publisher = ProgressPublisher(config.results_dir, config.progress_configmap, job.metadata.namespace)
+    report = RunReport(
+        job=job.metadata.name or "forge-replay", mode=replay.mode, world_size=settings.world_size,
+        device="cuda" if settings.use_gpu else "cpu", num_params=0, started_at=now_rfc3339(),
+    )
+
+    def publish(completed: int) -> None:
+        peak = memory_peak(report.rollouts)
+        publisher.publish(ProgressReport(
+            completed=completed, total=len(rollout_ids),
+            memory=MemoryPeak(peak_allocated_gib=peak["peak_allocated_gib"], peak_reserved_gib=peak["peak_reserved_gib"],
+                              rank=peak["rank"]) if peak else None,
+            fallbacks=sum(r.fallback_used for r in report.rollouts),
+        ))
+
+    group = manager = placement = None
+    try:
+        from forge_replay.runtime.placement import PlacementError
+
+        try:
+            placement = place_trainer(settings, fixed_cluster=fixed_cluster)
+        except PlacementError as exc:
+            raise ReplayRunError(str(exc)) from None
+        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
+            job, config.dumps_root, world_size=settings.world_size, engine_command=config.engine_command,
+            model_root=config.model_root, results_dir=config.results_dir,
+        )
+        next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts
+        group = TrainerGroup(settings, placement)
+        report.num_params = group.setup(source)[0]["num_params"]
+        publish(0)
+        progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"), console=console, disable=not show_progress, transient=False,
+        )
+        with progress:
+            task = progress.add_task(f"{report.job} ({replay.mode})", total=len(rollout_ids), info="")
+            for step, rollout_id in enumerate(rollout_ids):
+                waited = time.perf_counter()
+                batch = ray.get(next_batch)
+                data_wait = time.perf_counter() - waited
+                if step + 1 < len(rollout_ids):
+                    next_batch = manager.get_rollout.remote(rollout_ids[step + 1])  # prefetch
+                if batch.fallback_used:
+                    log.warning("rollout %d: dump missing, trained on rollout 0's file %s (fallbackToFirst)",
+                                rollout_id, batch.path)
+                began = time.perf_counter()
+                results = ray.get(group.train_step_async(step, batch.rank_batches, batch.loss_tokens))
+                record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
+                                              time.perf_counter() - began)
+                report.rollouts.append(record)
+                if step == 0:
+                    report.time_to_first_step_seconds = time.perf_counter() - started
+                ray.get(manager.after_train_step.remote(step, weights_for_sync(plan, group, config, step)))
+                if rollout_id in eval_after:  # slime: after rollout N when (N + 1) % evalInterval == 0
+                    summary = ray.get(manager.evaluate.remote(rollout_id))
+                    report.evals.append(EvalRecord(after_rollout_id=rollout_id, **asdict(summary)))
+                publish(step + 1)
+                progress.update(task, advance=1, info=f"loss {record.loss:.4f}"
+                                + (" [yellow]fallback[/]" if record.fallback_used else ""))
+        if spec.trainer.memory_snapshot and settings.use_gpu and config.results_dir:
+            report.files["memory_snapshots"] = group.write_memory_snapshots(config.results_dir)
+    except ray.exceptions.RayError as exc:
+        cause = _unwrap(exc)
+        raise ReplayRunError(f"{type(cause).__name__}: {cause}" if cause is not exc else str(exc)) from None
+    finally:
+        report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
+        if config.results_dir and report.rollouts:
+            snapshots = report.files.get("memory_snapshots")
+            write_report(report, config.results_dir)
+            if snapshots:
+                report.files["memory_snapshots"] = snapshots
+        _shutdown(manager, group, placement)
+    console.print(render_table(report))
+    return report
+
+
+def weights_for_sync(plan, group, config, step: int) -> str | None:
+    """What ``after_train_step`` pushes to the engines: nothing without engines (debug mode).
+
+    Forge mode (issue 5) writes a checkpoint here that the engines load from disk.
+    """
+    if not plan.start_engines:
+        return None
+    directory = os.path.join(config.results_dir or "/tmp/forge-replay", "weights", f"step_{step}")
+    return group.save_hf_checkpoint(directory)
+
+
+def verify_or_raise(config) -> None:
+    """Every needed dump exists and loads safely, before any trainer is placed."""
+    from forge_replay.dumps.verify import verify_dumps
+
+    replay = config.job.spec.replay
+    result = verify_dumps(
+        config.dumps_root, replay.dumps.path, replay.num_rollouts, start_rollout_id=replay.start_rollout_id,
+        eval_interval=replay.eval_interval, fallback=replay.dumps.fallback_to_first,
+    )
+    if not result.ok:
+        raise ReplayRunError(
+            f"dump verification failed under {config.dumps_root} (spec.replay.verify: true):\n{result.summary()}"
+        )
+
+
+def _shutdown(manager, group, placement) -> None:
+    import ray
+
+    if manager is not None:
+        try:
+            ray.get(manager.shutdown.remote(), timeout=120)
+        except Exception as exc:  # noqa: BLE001 - keep shutting the rest down
+            log.warning("rollout manager shutdown failed: %s", exc)
+        ray.kill(manager)
+    if group is not None:
+        group.shutdown()
+    if placement is not None:
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(placement)

@@ -1,0 +1,77 @@
+"""Publishing progress where the operator (and a person) can read it.
+
+Every update is written to ``<results_dir>/progress.json`` and, in-cluster, patched into the data
+key ``progress.json`` of the ConfigMap ``<job>-progress`` (the runtime's ServiceAccount may only
+get/patch that one ConfigMap). A failure to publish is logged and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
+
+log = logging.getLogger(__name__)
+
+SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def progress_json(report: ProgressReport) -> str:
+    """The JSON document both the file and the ConfigMap carry (camelCase, like the status)."""
+    return json.dumps(report.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class ProgressPublisher:
+    """Writes each :class:`ProgressReport` to the results dir and, when configured, a ConfigMap."""
+
+    def __init__(self, results_dir: str | None, configmap: str | None = None, namespace: str | None = None):
+        self.path = Path(results_dir) / PROGRESS_KEY if results_dir else None
+        self.configmap = configmap
+        self.namespace = namespace
+        self.failures = 0
+        self._core = None
+
+    def publish(self, report: ProgressReport) -> None:
+        if report.updated_at is None:
+            report = report.model_copy(update={"updated_at": now_rfc3339()})
+        text = progress_json(report)
+        if self.path is not None:
+            try:
+                write_atomically(self.path, text)
+            except OSError as exc:
+                self.failures += 1
+                log.warning("cannot write progress to %s: %s", self.path, exc)
+        if self.configmap:
+            try:
+                self._patch_configmap(text)
+            except Exception as exc:  # noqa: BLE001 - publishing must never stop training
+                self.failures += 1
+                log.warning(
+                    "cannot patch ConfigMap %s/%s with progress (the run continues): %s",
+                    self.namespace, self.configmap, exc,
+                )
+
+    def _patch_configmap(self, text: str) -> None:
+        if self._core is None:
+            from kubernetes import client, config
+
+            config.load_incluster_config()
+            self._core = client.CoreV1Api()
+            if self.namespace is None:
+                self.namespace = SERVICEACCOUNT_NAMESPACE.read_text().strip()
+        self._core.patch_namespaced_config_map(self.configmap, self.namespace, {"data": {PROGRESS_KEY: text}})

@@ -1,0 +1,232 @@
+"""The run report: per rollout and per rank, a summary, as JSON, a PNG plot and a rich table.
+
+Pure functions build the records and the summary; the writers only format them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPORT_JSON = "report.json"
+MEMORY_PLOT = "memory.png"
+
+
+@dataclass
+class RolloutRecord:
+    """One training step (one rollout)."""
+
+    step: int
+    rollout_id: int
+    loss: float
+    tokens: int
+    loss_tokens: float
+    num_samples: int
+    micro_batches: int
+    step_seconds: float
+    data_wait_seconds: float
+    fallback_used: bool
+    dump_path: str
+    clip_fraction: float
+    grad_norm: float
+    reward_mean: float
+    memory: list[dict]
+    """One entry per rank (see ``forge_replay.runtime.memory.RankMemory``)."""
+
+
+@dataclass
+class EvalRecord:
+    after_rollout_id: int
+    eval_id: int
+    path: str | None
+    missing: bool
+    num_samples: int
+    reward_mean: float | None
+    truncated: int
+
+
+@dataclass
+class RunReport:
+    job: str
+    mode: str
+    world_size: int
+    device: str
+    num_params: int
+    started_at: str
+    time_to_first_step_seconds: float | None = None
+    rollouts: list[RolloutRecord] = field(default_factory=list)
+    evals: list[EvalRecord] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def combine_rank_results(step: int, batch, rank_results: list[dict], data_wait_seconds: float,
+                         step_seconds: float) -> RolloutRecord:
+    """Merge the ranks' step results and the rollout's metadata into one record."""
+    loss_tokens = sum(r["loss_tokens"] for r in rank_results)
+    loss = sum(r["loss_sum"] for r in rank_results) / max(loss_tokens, 1.0)
+    clip_fraction = sum(r["clipped_tokens"] for r in rank_results) / max(loss_tokens, 1.0)
+    return RolloutRecord(
+        step=step,
+        rollout_id=batch.rollout_id,
+        loss=loss,
+        tokens=sum(r["tokens"] for r in rank_results),
+        loss_tokens=loss_tokens,
+        num_samples=batch.num_samples,
+        micro_batches=max(r["micro_batches"] for r in rank_results),
+        step_seconds=step_seconds,
+        data_wait_seconds=data_wait_seconds,
+        fallback_used=batch.fallback_used,
+        dump_path=batch.path,
+        clip_fraction=clip_fraction,
+        grad_norm=rank_results[0]["grad_norm"],
+        reward_mean=batch.reward_mean,
+        memory=sorted((r["memory"] for r in rank_results), key=lambda m: m["rank"]),
+    )
+
+
+def headline_gib(memory: dict) -> float:
+    """CUDA peak allocated on GPU, peak RSS on CPU."""
+    allocated = memory.get("peak_allocated_gib")
+    return allocated if allocated is not None else memory["peak_rss_gib"]
+
+
+def memory_peak(records: list[RolloutRecord]) -> dict | None:
+    """The highest per-rank peak over all steps: {peak_allocated_gib, peak_reserved_gib, rank, step}.
+
+    On CPU (no CUDA figures) peak_allocated_gib carries the peak RSS and peak_reserved_gib is None.
+    """
+    best = None
+    for record in records:
+        for mem in record.memory:
+            if best is None or headline_gib(mem) > headline_gib(best[1]):
+                best = (record.step, mem)
+    if best is None:
+        return None
+    step, mem = best
+    return {
+        "peak_allocated_gib": headline_gib(mem),
+        "peak_reserved_gib": mem.get("peak_reserved_gib"),
+        "rank": mem["rank"],
+        "step": step,
+        "device": mem["device"],
+    }
+
+
+def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_first_step: float | None) -> dict:
+    """Totals and the figures a memory test or a replay check looks at first."""
+    step_s = sum(r.step_seconds for r in records)
+    wait_s = sum(r.data_wait_seconds for r in records)
+    tokens = sum(r.tokens for r in records)
+    losses = [r.loss for r in records]
+    return {
+        "rollouts": len(records),
+        "fallbacks": sum(r.fallback_used for r in records),
+        "fallback_rollout_ids": [r.rollout_id for r in records if r.fallback_used],
+        "all_losses_finite": all(math.isfinite(x) for x in losses),
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "tokens": tokens,
+        "train_seconds": step_s,
+        "data_wait_seconds": wait_s,
+        "data_wait_share": wait_s / (step_s + wait_s) if step_s + wait_s > 0 else 0.0,
+        "tokens_per_second": tokens / step_s if step_s > 0 else 0.0,
+        "time_to_first_step_seconds": time_to_first_step,
+        "memory_peak": memory_peak(records),
+        "evals": len(evals),
+        "evals_missing": sum(e.missing for e in evals),
+    }
+
+
+def write_json(report: RunReport, directory: Path) -> Path:
+    path = directory / REPORT_JSON
+    path.write_text(json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def write_plot(report: RunReport, directory: Path) -> Path | None:
+    """PNG: memory peak per step per rank (top; dashed = CUDA reserved), loss per step (bottom)."""
+    if not report.rollouts:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r.step for r in report.rollouts]
+    fig, (ax_mem, ax_loss) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, height_ratios=[2, 1])
+    on_gpu = report.rollouts[0].memory[0].get("peak_allocated_gib") is not None
+    for rank in range(report.world_size):
+        per_step = [next(m for m in r.memory if m["rank"] == rank) for r in report.rollouts]
+        line = ax_mem.plot(steps, [headline_gib(m) for m in per_step], marker="o", label=f"rank {rank}")[0]
+        if on_gpu:
+            ax_mem.plot(steps, [m["peak_reserved_gib"] for m in per_step], linestyle="--", color=line.get_color())
+    ax_mem.set_ylabel("peak allocated GiB (dashed: reserved)" if on_gpu else "peak RSS GiB (CPU)")
+    ax_mem.set_title(f"{report.job}: {report.mode} replay, {report.world_size} rank(s) on {report.device}")
+    ax_mem.grid(alpha=0.3)
+    ax_mem.legend(loc="best", fontsize="small", ncol=max(1, report.world_size // 8))
+    ax_loss.plot(steps, [r.loss for r in report.rollouts], marker=".", color="black")
+    for r in report.rollouts:
+        if r.fallback_used:
+            ax_loss.axvline(r.step, color="orange", alpha=0.3)
+    ax_loss.set_xlabel("step (orange: rollout 0's dump used as fallback)")
+    ax_loss.set_ylabel("policy loss")
+    ax_loss.grid(alpha=0.3)
+    fig.tight_layout()
+    path = directory / MEMORY_PLOT
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: RunReport, directory: str | Path) -> dict:
+    """Write report.json and memory.png into ``directory``; returns their paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    plot = write_plot(report, directory)
+    report.files = {"report": str(directory / REPORT_JSON), "plot": str(plot) if plot else None}
+    write_json(report, directory)
+    return report.files
+
+
+def render_table(report: RunReport):
+    """A rich renderable: one row per rollout, then the summary."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    on_gpu = bool(report.rollouts) and report.rollouts[0].memory[0].get("peak_allocated_gib") is not None
+    table = Table(title=f"{report.job}: {report.mode} replay on {report.world_size} x {report.device}")
+    for name in ("step", "rollout", "loss", "tokens", "step s", "wait s",
+                 "peak GiB (rank)" if on_gpu else "peak RSS GiB (rank)", "fallback"):
+        table.add_column(name, justify="right" if name not in ("fallback",) else "center")
+    for r in report.rollouts:
+        top = max(r.memory, key=headline_gib)
+        table.add_row(
+            str(r.step), str(r.rollout_id), f"{r.loss:.5f}", str(r.tokens), f"{r.step_seconds:.2f}",
+            f"{r.data_wait_seconds:.3f}", f"{headline_gib(top):.2f} ({top['rank']})",
+            Text("yes", style="bold yellow") if r.fallback_used else "",
+        )
+    s = report.summary
+    peak = s.get("memory_peak") or {}
+    lines = [
+        f"rollouts {s.get('rollouts', 0)}, fallbacks {s.get('fallbacks', 0)}"
+        + (f" (rollouts {s['fallback_rollout_ids']} trained on rollout 0's dump)" if s.get("fallbacks") else ""),
+        f"peak memory {peak.get('peak_allocated_gib', 0):.2f} GiB on rank {peak.get('rank')} at step {peak.get('step')}"
+        if peak else "peak memory: none recorded",
+        f"tokens/s {s.get('tokens_per_second', 0):.0f}, data-wait share {100 * s.get('data_wait_share', 0):.2f}%, "
+        f"time to first step {s.get('time_to_first_step_seconds') or 0:.1f}s",
+    ]
+    for e in report.evals:
+        lines.append(
+            f"eval {e.eval_id}: " + ("MISSING dump (empty result)" if e.missing
+                                      else f"{e.num_samples} samples, reward mean {e.reward_mean}, truncated {e.truncated}")
+        )
+    if report.files:
+        lines.append(f"report: {report.files.get('report')}  plot: {report.files.get('plot')}")
+    return Group(table, *(Text(line) for line in lines))

@@ -1,0 +1,188 @@
+"""The rollout manager: the Ray actor that serves each rollout's training data to the driver.
+
+It is constructed from the spec and :func:`plan_rollout_side` alone. In debug mode it builds the
+replay source and nothing else: no engine, no router, no rollout function, and it never reads the
+(absent) rollout section. Everything it constructs is appended to ``construction_log`` so tests can
+prove that (miles' replay fix).
+
+Hook points for forge mode (engines, router, health monitors, weight sync, eval fleet):
+``_start_rollout_side`` (called only when ``plan.start_engines``), ``after_train_step``,
+``before_eval`` and ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from forge_replay.runtime.batching import build_micro_batch, plan_step
+from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutBatch:
+    """One rollout, converted, split across ranks and packed; ``rank_batches[r]`` is rank r's
+    list of micro-batches (an ObjectRef when served by the actor)."""
+
+    rollout_id: int
+    path: str
+    fallback_used: bool
+    num_samples: int
+    tokens: int
+    loss_tokens: float
+    reward_mean: float
+    truncated: int
+    load_seconds: float
+    rank_batches: list = field(repr=False)
+
+
+@dataclass
+class EvalSummary:
+    """What one eval reports: a missing eval dump is an empty result, flagged, never a fallback."""
+
+    eval_id: int
+    path: str | None
+    missing: bool
+    num_samples: int
+    reward_mean: float | None
+    truncated: int
+
+
+def forge_prerequisite_problem(engine_command: str | None) -> str | None:
+    """Why forge mode cannot start engines here (no sglang and no --engine-command), or None."""
+    from forge_replay.runtime.engines import EngineUnavailable, resolve_engine_command
+
+    try:
+        resolve_engine_command(engine_command)
+    except EngineUnavailable as exc:
+        return str(exc)
+    return None
+
+
+class RolloutManager:
+    """Serves replayed rollouts; in forge mode also owns the engine side (see module doc)."""
+
+    def __init__(
+        self,
+        job,
+        dumps_root: str,
+        *,
+        world_size: int,
+        engine_command: str | None = None,
+        model_root: str | None = None,
+        results_dir: str | None = None,
+        use_object_store: bool = True,
+    ):
+        from forge_replay.replay import ReplaySource
+
+        spec = job.spec
+        self.job = job
+        self.world_size = world_size
+        self.micro_batch_tokens = spec.trainer.micro_batch_tokens
+        self.engine_command = engine_command
+        self.model_root = model_root
+        self.results_dir = results_dir
+        self.use_object_store = use_object_store
+        ft = spec.fault_tolerance
+        self.plan: RolloutSidePlan = plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components)
+        self.construction_log: list[str] = []
+        self.source = ReplaySource(dumps_root, spec.replay.dumps.path, spec.replay.dumps.fallback_to_first)
+        self.construction_log.append("replay_source")
+        self.engine_side = None
+        if self.plan.start_engines:
+            self._start_rollout_side()
+
+    # -- forge mode hook ---------------------------------------------------------------------
+    def _start_rollout_side(self) -> None:
+        """Start engines, router, monitors per ``self.plan`` (forge mode only; issue 5 fills this in).
+
+        Fails fast, before anything is started, when no engine server can be launched.
+        """
+        problem = forge_prerequisite_problem(self.engine_command)
+        if problem:
+            raise RuntimeError(problem)
+        raise RuntimeError(
+            "replay.mode forge: the engine fleet is not wired into the rollout manager in this build yet; "
+            "use replay.mode: debug"
+        )
+
+    # -- queries used by tests and the driver ---------------------------------------------------
+    def get_plan(self) -> RolloutSidePlan:
+        return self.plan
+
+    def get_construction_log(self) -> list[str]:
+        return list(self.construction_log)
+
+    def fallback_count(self) -> int:
+        return self.source.fallback_count
+
+    # -- data -----------------------------------------------------------------------------------
+    def get_rollout(self, rollout_id: int) -> RolloutBatch:
+        """Load rollout ``rollout_id`` (fallback counted), convert it, split and pack it."""
+        from forge_replay.dumps.convert import to_train_data
+
+        started = time.perf_counter()
+        replayed = self.source.load_train(rollout_id)
+        trainer, replay = self.job.spec.trainer, self.job.spec.replay
+        data = to_train_data(
+            replayed.samples,
+            n_samples_per_prompt=trainer.n_samples_per_prompt,
+            normalize_std=trainer.normalize_advantage_std,
+            reward_key=replay.reward_key,
+        )
+        lengths = [len(t) for t in data.tokens]
+        rank_batches = [
+            [build_micro_batch(data, indices) for indices in micro_batches]
+            for micro_batches in plan_step(lengths, self.world_size, self.micro_batch_tokens)
+        ]
+        if self.use_object_store:
+            import ray
+
+            rank_batches = [ray.put(batches) for batches in rank_batches]
+        return RolloutBatch(
+            rollout_id=rollout_id,
+            path=str(replayed.path),
+            fallback_used=bool(replayed.fallback_used),
+            num_samples=len(data.tokens),
+            tokens=sum(lengths),
+            loss_tokens=float(sum(sum(m) for m in data.loss_masks)),
+            reward_mean=statistics.fmean(data.rewards) if data.rewards else 0.0,
+            truncated=sum(bool(t) for t in data.truncated),
+            load_seconds=time.perf_counter() - started,
+            rank_batches=rank_batches,
+        )
+
+    def evaluate(self, eval_id: int) -> EvalSummary:
+        """Eval ``eval_id`` from its ``eval_N`` dump (no fallback: missing is an empty result)."""
+        self.before_eval(eval_id)
+        result = self.source.load_eval(eval_id)
+        replay = self.job.spec.replay
+        rewards = result.rewards(replay.eval_reward_key or replay.reward_key)
+        return EvalSummary(
+            eval_id=eval_id,
+            path=None if result.path is None else str(result.path),
+            missing=bool(result.missing),
+            num_samples=len(rewards),
+            reward_mean=statistics.fmean(rewards) if rewards else None,
+            truncated=sum(bool(t) for t in result.truncated),
+        )
+
+    # -- lifecycle hooks (no-ops in debug mode) ------------------------------------------------------
+    def after_train_step(self, step: int, weights: str | None) -> None:
+        """Called by the driver after every training step: forge mode pushes ``weights`` (a
+        checkpoint dir) to the engines. Debug mode has no engines: nothing happens."""
+        if self.engine_side is None:
+            return
+
+    def before_eval(self, eval_id: int) -> None:
+        """Called before each eval: forge mode lets the eval fleet probe itself when no monitor runs."""
+        if self.engine_side is None:
+            return
+
+    def shutdown(self) -> None:
+        """Stop everything this manager started (engines, router, monitors)."""
+        self.engine_side = None

@@ -1,0 +1,285 @@
+"""The builtin trainer: one Ray actor per rank, torch.distributed + FSDP2 (``fully_shard``).
+
+``TrainerRank`` is the per-rank worker (plain class, wrapped by ``ray.remote`` in
+:class:`TrainerGroup`); ``TrainerSettings`` is derived from the spec by a pure function.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+
+from forge_replay.runtime.batching import MicroBatch
+from forge_replay.runtime.memory import MemoryProbe, dump_memory_snapshot, start_memory_history
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """Everything a trainer rank needs, taken from ``spec.trainer`` (and the model source)."""
+
+    world_size: int
+    gpus_per_node: int
+    nodes: int
+    micro_batch_tokens: int
+    gradient_checkpointing: bool
+    dtype: str
+    learning_rate: float
+    clip_eps: float
+    clip_eps_high: float
+    seed: int
+    memory_snapshot: bool
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.use_gpu else "gloo"
+
+
+def trainer_settings(trainer_spec) -> TrainerSettings:
+    """Settings for the trainer group; ``gpusPerNode: 0`` runs one CPU rank per node."""
+    return TrainerSettings(
+        world_size=trainer_spec.nodes * max(trainer_spec.gpus_per_node, 1),
+        gpus_per_node=trainer_spec.gpus_per_node,
+        nodes=trainer_spec.nodes,
+        micro_batch_tokens=trainer_spec.micro_batch_tokens,
+        gradient_checkpointing=trainer_spec.gradient_checkpointing,
+        dtype=trainer_spec.dtype,
+        learning_rate=trainer_spec.learning_rate,
+        clip_eps=trainer_spec.clip_eps,
+        clip_eps_high=trainer_spec.clip_eps_high if trainer_spec.clip_eps_high is not None else trainer_spec.clip_eps,
+        seed=trainer_spec.seed,
+        memory_snapshot=trainer_spec.memory_snapshot,
+    )
+
+
+@dataclass
+class RankStepResult:
+    """What one rank reports for one training step."""
+
+    rank: int
+    loss_sum: float
+    loss_tokens: float
+    clipped_tokens: float
+    tokens: int
+    micro_batches: int
+    grad_norm: float
+    seconds: float
+    memory: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class TrainerRank:
+    """One trainer rank: its share of the FSDP2-sharded model and the optimizer state."""
+
+    def __init__(self, rank: int, settings: TrainerSettings):
+        self.rank = rank
+        self.settings = settings
+        self.model = None
+        self.optimizer = None
+        self.device = "cpu"
+        self.probe: MemoryProbe | None = None
+
+    # -- setup -----------------------------------------------------------------------------
+    def master_address(self) -> tuple[str, int]:
+        """This node's address and a free port for the rendezvous (called on rank 0)."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_process_group(self, master_addr: str, master_port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        if self.settings.use_gpu:
+            torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU
+            self.device = "cuda:0"
+        dist.init_process_group(self.settings.backend, rank=self.rank, world_size=self.settings.world_size)
+        self.probe = MemoryProbe(self.rank, self.device)
+
+    def setup(self, source: str | dict) -> dict:
+        """Build the model (same seed on every rank), shard it with FSDP2, create AdamW."""
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from forge_replay.runtime.model import build_model, torch_dtype, transformer_blocks
+
+        dtype = torch_dtype(self.settings.dtype)
+        model = build_model(source, seed=self.settings.seed, gradient_checkpointing=self.settings.gradient_checkpointing)
+        num_params = sum(p.numel() for p in model.parameters())
+        mesh = init_device_mesh("cuda" if self.settings.use_gpu else "cpu", (self.settings.world_size,))
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.settings.learning_rate)
+        if self.settings.memory_snapshot:
+            start_memory_history()
+        return {"rank": self.rank, "num_params": num_params, "device": self.device}
+
+    # -- training ----------------------------------------------------------------------------
+    def train_step(self, step: int, micro_batches: list[MicroBatch], loss_tokens_total: float) -> RankStepResult:
+        """One optimizer step over this rank's micro-batches.
+
+        Each micro-batch's loss is scaled by ``world_size / loss_tokens_total``: FSDP averages
+        gradients over ranks, so the result is the token-mean over the whole step, the same for
+        any number of ranks.
+        """
+        import torch
+
+        from forge_replay.runtime.loss import micro_batch_loss, token_log_probs
+
+        assert self.model is not None and self.probe is not None, "setup() must run before train_step()"
+        started = time.perf_counter()
+        self.probe.reset()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        scale = self.settings.world_size / max(loss_tokens_total, 1.0)
+        loss_sum = loss_tokens = clipped = 0.0
+        tokens = 0
+        for mb in micro_batches:
+            as_tensor = lambda a: torch.tensor(a, device=self.device)  # noqa: E731 (copy: Ray hands read-only arrays)
+            input_ids = as_tensor(mb.input_ids).unsqueeze(0)
+            logits = self.model(
+                input_ids=input_ids, position_ids=as_tensor(mb.position_ids).unsqueeze(0), use_cache=False
+            ).logits[0, :-1]
+            logp = token_log_probs(logits, input_ids[0, 1:])
+            parts = micro_batch_loss(
+                logp,
+                as_tensor(mb.old_logp)[1:],
+                as_tensor(mb.has_old_logp)[1:],
+                as_tensor(mb.advantages)[1:],
+                as_tensor(mb.loss_mask)[1:],
+                self.settings.clip_eps,
+                self.settings.clip_eps_high,
+            )
+            (parts.loss_sum * scale).backward()
+            loss_sum += float(parts.loss_sum.detach())
+            loss_tokens += parts.loss_tokens
+            clipped += parts.clipped_tokens
+            tokens += mb.num_tokens
+            del logits, logp, parts
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=math.inf)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        memory = self.probe.read()
+        return RankStepResult(
+            rank=self.rank,
+            loss_sum=loss_sum,
+            loss_tokens=loss_tokens,
+            clipped_tokens=clipped,
+            tokens=tokens,
+            micro_batches=len(micro_batches),
+            grad_norm=float(grad_norm),
+            seconds=time.perf_counter() - started,
+            memory=memory.to_dict(),
+        )
+
+    # -- hooks for weight sync, snapshots, tests --------------------------------------------------
+    def save_hf_checkpoint(self, path: str) -> str | None:
+        """Gather the full weights and write a Hugging Face checkpoint to ``path`` (rank 0 writes).
+
+        Every rank must call this (the gather is collective). Returns ``path`` on rank 0.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        os.makedirs(path, exist_ok=True)
+        self.model.save_pretrained(path, state_dict=state)
+        return path
+
+    def parameter_checksum(self) -> float:
+        """Sum of all full (unsharded) parameters: lets tests compare runs across world sizes."""
+        import torch
+
+        total = torch.zeros((), dtype=torch.float64)
+        for param in self.model.parameters():
+            full = param.full_tensor() if hasattr(param, "full_tensor") else param
+            total += full.detach().double().abs().sum().cpu()
+        return float(total)
+
+    def write_memory_snapshot(self, directory: str) -> str | None:
+        """Write this rank's CUDA memory snapshot (GPU only; None on CPU)."""
+        path = os.path.join(directory, f"memory-snapshot-rank{self.rank}.pickle")
+        return path if dump_memory_snapshot(path) else None
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class TrainerGroup:
+    """The trainer ranks as Ray actors in one placement group; the driver's handle on them."""
+
+    def __init__(self, settings: TrainerSettings, placement_group, *, runtime_env: dict | None = None):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.settings = settings
+        remote_rank = ray.remote(TrainerRank)
+        self.ranks = []
+        for rank in range(settings.world_size):
+            options = {
+                "num_cpus": 1,
+                "num_gpus": 1 if settings.use_gpu else 0,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=placement_group, placement_group_bundle_index=rank
+                ),
+            }
+            if runtime_env:
+                options["runtime_env"] = runtime_env
+            self.ranks.append(remote_rank.options(**options).remote(rank, settings))
+        addr, port = ray.get(self.ranks[0].master_address.remote())
+        ray.get([r.init_process_group.remote(addr, port) for r in self.ranks])
+
+    def setup(self, source: str | dict) -> list[dict]:
+        import ray
+
+        return ray.get([r.setup.remote(source) for r in self.ranks])
+
+    def train_step_async(self, step: int, rank_batches: list, loss_tokens_total: float) -> list:
+        """Start one step on every rank; ``rank_batches[r]`` is rank r's micro-batches (or a ref to them)."""
+        return [r.train_step.remote(step, rank_batches[i], loss_tokens_total) for i, r in enumerate(self.ranks)]
+
+    def save_hf_checkpoint(self, path: str) -> str:
+        import ray
+
+        return ray.get([r.save_hf_checkpoint.remote(path) for r in self.ranks])[0]
+
+    def parameter_checksum(self) -> float:
+        import ray
+
+        return ray.get([r.parameter_checksum.remote() for r in self.ranks])[0]
+
+    def write_memory_snapshots(self, directory: str) -> list[str]:
+        import ray
+
+        return [p for p in ray.get([r.write_memory_snapshot.remote(directory) for r in self.ranks]) if p]
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            ray.get([r.shutdown.remote() for r in self.ranks], timeout=60)
+        except Exception:  # noqa: BLE001 - best effort: the actors are killed next anyway
+            pass
+        for r in self.ranks:
+            ray.kill(r)
