@@ -1,0 +1,161 @@
+"""`forge-replay render FILE` and `forge-replay operator` (also `python -m forge_replay.controller`).
+
+No torch, ray or kopf import at module level: `forge-replay render` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+import yaml
+
+from forge_replay.controller.settings import DEFAULT_RUNTIME_IMAGE, OperatorSettings
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """YAML with multi-line strings as literal blocks (config.yaml stays readable in a diff)."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> Any:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _str)
+
+
+def objects_yaml(objects: list[dict[str, Any]]) -> str:
+    """Objects as multi-document YAML, in creation order."""
+    return yaml.dump_all(objects, Dumper=_LiteralDumper, sort_keys=False, explicit_start=True)
+
+
+@click.command()
+@click.argument("file", metavar="FILE")
+@click.option("--runtime-image", default=DEFAULT_RUNTIME_IMAGE, show_default=True,
+              help="The operator's default runtime image (used when spec.image is empty).")
+@click.option("--namespace", "-n", default=None, help="Namespace for jobs whose metadata has none.")
+def render(file: str, runtime_image: str, namespace: str | None) -> None:
+    """Print the objects the operator creates for the ForgeReplayJob(s) in FILE, as multi-document YAML.
+
+    For GitOps review and diffs. Owner references appear only for objects read back from a cluster
+    (they need the job's uid). Invalid specs print `FILE: field.path: message` and exit 1.
+    """
+    from forge_replay.api.models import SpecInvalid
+    from forge_replay.api.parse import DocumentError, NotAForgeReplayJob, load_documents, parse_job
+    from forge_replay.controller.render import render as render_objects
+
+    settings = OperatorSettings(runtime_image=runtime_image)
+    try:
+        docs = load_documents(file)
+    except DocumentError as exc:
+        click.echo(f"{file}: {exc}", err=True)
+        sys.exit(2)
+    if not docs:
+        click.echo(f"{file}: holds no YAML document (expected a ForgeReplayJob)", err=True)
+        sys.exit(2)
+    objects: list[dict[str, Any]] = []
+    failed = 0
+    for index, doc in enumerate(docs):
+        where = file if len(docs) == 1 else f"{file}[{index}]"
+        try:
+            job = parse_job(doc)
+        except NotAForgeReplayJob as exc:
+            click.echo(f"{where}: {exc}", err=True)
+            failed = max(failed, 2)
+            continue
+        except SpecInvalid as exc:
+            for problem in exc.problems:
+                click.echo(f"{where}: {problem}", err=True)
+            failed = max(failed, 1)
+            continue
+        if namespace and not job.metadata.namespace:
+            job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": namespace})})
+        if not job.metadata.name:
+            click.echo(f"{where}: metadata.name: required to render (generateName cannot name the RayJob)", err=True)
+            failed = max(failed, 1)
+            continue
+        objects += render_objects(job, settings)
+    if failed:
+        sys.exit(failed)
+    sys.stdout.write(objects_yaml(objects))
+
+
+@click.command()
+@click.option("--namespace", "-n", "namespaces", multiple=True,
+              help="Watch this namespace (repeatable). Without it the operator watches the whole cluster.")
+@click.option("--runtime-image", default=DEFAULT_RUNTIME_IMAGE, show_default=True,
+              help="Runtime image for jobs whose spec.image is empty.")
+@click.option("--kubeconfig", envvar="KUBECONFIG", default=None,
+              help="Kubeconfig file (default: in-cluster ServiceAccount, else ~/.kube/config).")
+@click.option("--liveness", default="http://0.0.0.0:8080/healthz", show_default=True,
+              help="kopf liveness endpoint URL; empty to disable.")
+@click.option("--metrics-port", default=9090, show_default=True, type=int,
+              help="Port of the Prometheus /metrics endpoint; 0 to disable.")
+@click.option("--resync-seconds", default=60, show_default=True, type=int,
+              help="Reconcile unfinished jobs this often even without events; 0 to disable.")
+@click.option("--watch-server-timeout", default=300, show_default=True, type=int,
+              help="Seconds before the API server ends a watch and kopf reconnects (catches silent stalls).")
+@click.option("--runtime-uid", default=1000, show_default=True, type=int,
+              help="Non-root UID/GID of the runtime pods.")
+@click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
+def operator(
+    namespaces: tuple[str, ...],
+    runtime_image: str,
+    kubeconfig: str | None,
+    liveness: str,
+    metrics_port: int,
+    resync_seconds: int,
+    watch_server_timeout: int,
+    runtime_uid: int,
+    verbose: bool,
+) -> None:
+    """Run the ForgeReplayJob operator (one replica by design: see docs/operator.md)."""
+    settings = OperatorSettings(
+        runtime_image=runtime_image,
+        namespaces=tuple(namespaces),
+        liveness_endpoint=liveness or None,
+        metrics_port=metrics_port or None,
+        resync_seconds=resync_seconds,
+        watch_server_timeout=watch_server_timeout,
+        watch_client_timeout=watch_server_timeout + 30,
+        runtime_uid=runtime_uid,
+    )
+    run_operator(settings, kubeconfig=kubeconfig, verbose=verbose)
+
+
+def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, verbose: bool = False) -> None:
+    """Start kopf with the forge-replay handlers until interrupted."""
+    import kopf
+
+    from forge_replay.controller import handlers  # noqa: F401  (registers the handlers)
+    from forge_replay.controller import metrics
+    from forge_replay.controller.kube import Kube
+    from forge_replay.controller.reconcile import Reconciler
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if kubeconfig:
+        _login_with(kubeconfig)
+    kube = Kube(kubeconfig, on_request=metrics.count_request)
+    reconciler = Reconciler(kube, settings)
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+    kopf.run(
+        standalone=True,  # one replica by design: no peering objects, no leader election
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=settings.liveness_endpoint,
+        memo=kopf.Memo(settings=settings, reconciler=reconciler),
+    )
+
+
+def _login_with(kubeconfig: str) -> None:
+    """Make kopf authenticate from this kubeconfig file (not only from $KUBECONFIG or ~/.kube)."""
+    import os
+
+    os.environ["KUBECONFIG"] = kubeconfig

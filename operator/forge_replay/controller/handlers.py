@@ -1,0 +1,143 @@
+"""kopf handlers: thin wiring from Kubernetes events to ``Reconciler.reconcile``.
+
+- ForgeReplayJob created / changed / found at startup -> reconcile it (kopf keeps its progress in
+  ``forgereplay.io/*`` annotations, never in status).
+- A labelled child (RayJob, verify Job, ConfigMap) changed -> reconcile its owner.
+- A periodic resync thread reconciles unfinished jobs, in case an event was missed.
+- No delete handler and no timer or daemon: kopf adds no finalizer, so deleting a job never hangs
+  while the operator is down; children go with the job through owner references.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from forge_replay.api import GROUP, PLURAL, VERSION
+from forge_replay.controller import naming
+from forge_replay.controller.kube import KubeError
+from forge_replay.controller.reconcile import ReconcileConflict, Reconciler
+from forge_replay.controller.status import TERMINAL_PHASES
+
+log = logging.getLogger("forge_replay.controller")
+
+CHILD_LABELS = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_JOB: kopf.PRESENT}
+
+
+def _reconciler(memo: Any) -> Reconciler:
+    return memo["reconciler"]
+
+
+def _run(memo: Any, namespace: str, name: str, trigger: str) -> None:
+    try:
+        _reconciler(memo).reconcile(namespace, name, trigger)
+    except ReconcileConflict as exc:
+        raise kopf.TemporaryError(str(exc), delay=30) from exc
+    except KubeError as exc:
+        if exc.status in (409, 429) or exc.status >= 500:
+            raise kopf.TemporaryError(str(exc), delay=5) from exc
+        raise
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    """Production settings: own prefix, progress in annotations, watch timeouts, quiet event posting."""
+    ours = memo["settings"]
+    settings.persistence.finalizer = naming.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=naming.PREFIX, key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = ours.watch_server_timeout
+    settings.watching.client_timeout = ours.watch_client_timeout
+    settings.watching.connect_timeout = ours.connect_timeout
+    settings.networking.request_timeout = 60
+    settings.posting.level = logging.WARNING  # phase transitions are posted as events by the reconciler
+    settings.execution.max_workers = ours.max_workers
+    _start_resync(memo)
+
+
+@kopf.on.cleanup()
+def stop(memo: Any, **_: Any) -> None:
+    """Stop the resync thread."""
+    stopper = memo.get("resync_stop")
+    if stopper is not None:
+        stopper.set()
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL, backoff=5)
+def on_create(namespace: str, name: str, memo: Any, **_: Any) -> None:
+    """A new ForgeReplayJob."""
+    _run(memo, namespace, name, "create")
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, backoff=5)
+def on_update(namespace: str, name: str, memo: Any, **_: Any) -> None:
+    """Spec or metadata changed (status changes do not trigger this)."""
+    _run(memo, namespace, name, "update")
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL, backoff=5)
+def on_resume(namespace: str, name: str, memo: Any, **_: Any) -> None:
+    """The operator (re)started and found this job."""
+    _run(memo, namespace, name, "resume")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_job_event(event: dict[str, Any], namespace: str, name: str, memo: Any, **_: Any) -> None:
+    """Forget deleted jobs (metrics, locks); everything else goes through the handlers above."""
+    if event.get("type") == "DELETED":
+        _reconciler(memo).forget(namespace, name)
+
+
+def _child_event(event: dict[str, Any], body: Any, namespace: str, memo: Any, trigger: str) -> None:
+    owner = (body.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB)
+    if not owner:
+        return
+    try:
+        _reconciler(memo).reconcile(namespace, owner, trigger)
+    except (ReconcileConflict, KubeError) as exc:
+        log.warning("reconcile of %s/%s after a %s event failed (retried by resync): %s", namespace, owner, trigger, exc)
+
+
+@kopf.on.event("ray.io", "v1", "rayjobs", labels=CHILD_LABELS)
+def on_rayjob_event(event: dict[str, Any], body: Any, namespace: str, memo: Any, **_: Any) -> None:
+    """The RayJob changed: refresh the owner's status (phase, cluster, times)."""
+    _child_event(event, body, namespace, memo, "rayjob")
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS)
+def on_verify_event(event: dict[str, Any], body: Any, namespace: str, memo: Any, **_: Any) -> None:
+    """The verify Job changed: on success the RayJob is created, on failure the job fails."""
+    _child_event(event, body, namespace, memo, "verify")
+
+
+@kopf.on.event("v1", "configmaps", labels=CHILD_LABELS)
+def on_configmap_event(event: dict[str, Any], body: Any, namespace: str, memo: Any, **_: Any) -> None:
+    """The runtime published progress: copy it into the owner's status."""
+    if body.get("metadata", {}).get("name", "").endswith("-progress"):
+        _child_event(event, body, namespace, memo, "progress")
+
+
+def _start_resync(memo: Any) -> None:
+    interval = memo["settings"].resync_seconds
+    if not interval:
+        return
+    stopper = threading.Event()
+    memo["resync_stop"] = stopper
+
+    def loop() -> None:
+        reconciler = _reconciler(memo)
+        while not stopper.wait(interval):
+            for namespace, name, phase in reconciler.list_jobs(memo["settings"].namespaces):
+                if phase in TERMINAL_PHASES:
+                    continue
+                try:
+                    reconciler.reconcile(namespace, name, "resync")
+                except Exception as exc:  # logged and counted; the next round retries
+                    log.warning("resync of %s/%s failed: %s", namespace, name, exc)
+
+    threading.Thread(target=loop, name="forge-replay-resync", daemon=True).start()

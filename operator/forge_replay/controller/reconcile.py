@@ -1,0 +1,348 @@
+"""The reconcile function: observe a ForgeReplayJob's children, create what is missing, write status.
+
+Level-based and idempotent: every trigger (the job changed, a child changed, the operator restarted)
+runs the same function, which gets-or-creates children by name, so a restart mid-reconcile never
+duplicates anything. The decisions themselves are pure (``render``, ``status_from``,
+``changed_fields``); this module only does the I/O around them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, SpecInvalid, parse_job
+from forge_replay.api.models import ForgeReplayJobStatus
+from forge_replay.api.paths import CONFIG_FILE
+from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
+from forge_replay.api.runtime_config import RuntimeConfig
+from forge_replay.controller import metrics, naming
+from forge_replay.controller.kube import Kube
+from forge_replay.controller.render import frozen_spec, render, spec_hash
+from forge_replay.controller.settings import OperatorSettings
+from forge_replay.controller.status import (
+    Refusal,
+    invalid_spec_message,
+    phase_changed,
+    rfc3339,
+    same_status,
+    status_for_invalid_spec,
+    status_from,
+    verify_state,
+)
+
+log = logging.getLogger("forge_replay.controller")
+
+EVENT_SOURCE = "forge-replay-operator"
+
+
+class ReconcileConflict(RuntimeError):
+    """The world is in a state the operator must not act on yet (retried later)."""
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What was launched for a job: the spec frozen in its config ConfigMap."""
+
+    job: ForgeReplayJob
+    spec_hash: str
+
+
+def changed_fields(before: Any, after: Any, path: str = "spec") -> list[str]:
+    """Dotted paths (camelCase) where two normalized specs differ."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        out: list[str] = []
+        for key in sorted(set(before) | set(after)):
+            out += changed_fields(before.get(key), after.get(key), f"{path}.{key}")
+        return out
+    return [] if before == after else [path]
+
+
+def refusal_for_change(launched: ForgeReplayJob, current: ForgeReplayJob) -> Refusal | None:
+    """A Refusal when ``current`` changes anything but ``suspend`` relative to the launched spec."""
+    fields = changed_fields(frozen_spec(launched), frozen_spec(current))
+    if not fields:
+        return None
+    shown = ", ".join(fields[:8]) + (f" and {len(fields) - 8} more" if len(fields) > 8 else "")
+    return Refusal(
+        "SpecChangeRefused",
+        f"spec changed after launch ({shown}); only spec.suspend and metadata may change once the job's "
+        "objects exist, so the job keeps running the launched spec. Revert the change, or delete and "
+        "re-create the ForgeReplayJob to run the new spec.",
+    )
+
+
+class Reconciler:
+    """Runs reconciles against one API server; safe to call from several threads."""
+
+    def __init__(self, kube: Kube, settings: OperatorSettings, phases: metrics.PhaseBook | None = None):
+        self.kube = kube
+        self.settings = settings
+        self.phases = phases or metrics.PhaseBook()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The job is gone: drop its lock and its phase from the gauge."""
+        with self._locks_guard:
+            self._locks.pop((namespace, name), None)
+        self.phases.set(namespace, name, None)
+
+    def list_jobs(self, namespaces: tuple[str, ...] = ()) -> list[tuple[str, str, str | None]]:
+        """(namespace, name, phase) of every ForgeReplayJob in ``namespaces`` (all when empty)."""
+        out = []
+        for namespace in namespaces or (None,):
+            for item in self.kube.list_all(API_VERSION, KIND, namespace):
+                meta = item["metadata"]
+                out.append((meta["namespace"], meta["name"], (item.get("status") or {}).get("phase")))
+        return out
+
+    # ---------------------------------------------------------------------------------- reconcile
+
+    def reconcile(self, namespace: str, name: str, trigger: str) -> dict[str, Any] | None:
+        """Bring job ``namespace/name`` one step closer to done; returns the status written (or kept)."""
+        metrics.RECONCILES.labels(trigger=trigger).inc()
+        try:
+            with self._lock(namespace, name):
+                return self._reconcile(namespace, name)
+        except Exception as exc:
+            metrics.ERRORS.labels(error=type(exc).__name__).inc()
+            raise
+
+    def _reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self.kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        previous = body.get("status") or {}
+        meta = body["metadata"]
+        launched = self._launched(namespace, name, meta.get("uid"))
+        try:
+            job = parse_job({k: v for k, v in body.items() if k != "status"})
+        except SpecInvalid as invalid:
+            if launched is None:
+                status = status_for_invalid_spec(meta.get("generation"), invalid.problems, previous)
+                return self._write_status(body, previous, status)
+            # Invalid after launch (a CRD without its rules): keep running the launched spec.
+            refusal = Refusal(
+                "SpecInvalid",
+                "spec invalid after launch; the job keeps running the launched spec: "
+                + invalid_spec_message(invalid.problems),
+            )
+            effective = self._as_current(launched.job, body, suspend=launched.job.spec.suspend)
+            return self._drive(body, effective, previous, refusal)
+        refusal = None
+        effective = job
+        if launched is not None:
+            refusal = refusal_for_change(launched.job, job)
+            if refusal is not None:
+                effective = self._as_current(launched.job, body, suspend=job.spec.suspend)
+        return self._drive(body, effective, previous, refusal)
+
+    def _drive(
+        self, body: dict[str, Any], job: ForgeReplayJob, previous: dict[str, Any], refusal: Refusal | None
+    ) -> dict[str, Any]:
+        namespace, name = job.metadata.namespace, job.metadata.name
+        assert namespace and name
+        objects = render(job, self.settings)
+        wanted_rayjob = objects[-1]
+        verify_obj = next((o for o in objects if o["kind"] == "Job"), None)
+        for obj in objects:
+            if obj["kind"] in ("Job", naming.RAY_KIND):
+                continue
+            self._get_or_create(obj, job)
+
+        rayjob = self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
+        if rayjob is not None:
+            self._check_owner(rayjob, job)
+        launched_before = bool(previous.get("rayJobName"))
+        verify_job = None
+        verify_message = None
+        if verify_obj is not None and rayjob is None and not launched_before:
+            verify_job = self._get_or_create(verify_obj, job)
+            verify_message = self._verify_output(namespace, verify_obj["metadata"]["name"], verify_job)
+        elif verify_obj is not None:
+            verify_job = self.kube.get("batch/v1", "Job", namespace, naming.verify_job_name(name))
+
+        verified = verify_obj is None or verify_state(verify_job).state == "succeeded"
+        if rayjob is None and not launched_before and verified:
+            rayjob, created = self.kube.create(wanted_rayjob)
+            if created:
+                self._observe_launch(job, body)
+            else:
+                self._check_owner(rayjob, job)
+        elif rayjob is not None:
+            rayjob = self._propagate_suspend(job, rayjob)
+
+        progress = self._progress(namespace, name)
+        status_job = job.model_copy(update={"status": _status_model(previous)})
+        status = status_from(
+            status_job, rayjob, verify_job, progress, verify_message=verify_message, refusal=refusal
+        )
+        return self._write_status(body, previous, status)
+
+    # ------------------------------------------------------------------------------------ pieces
+
+    def _launched(self, namespace: str, name: str, uid: str | None) -> Launched | None:
+        """The launched spec, read back from the job's config ConfigMap (None before launch)."""
+        config = self.kube.get("v1", "ConfigMap", namespace, naming.config_map_name(name))
+        if config is None:
+            return None
+        owners = [o.get("uid") for o in config["metadata"].get("ownerReferences") or []]
+        if uid not in owners:
+            raise ReconcileConflict(
+                f"ConfigMap {namespace}/{naming.config_map_name(name)} is not owned by ForgeReplayJob "
+                f"{name} (uid {uid}); it belongs to an earlier job of that name and will be garbage-collected, "
+                "or someone else created it: delete it to let this job start"
+            )
+        text = (config.get("data") or {}).get(CONFIG_FILE, "")
+        try:
+            runtime = RuntimeConfig.model_validate(yaml.safe_load(text))
+        except (yaml.YAMLError, ValidationError, SpecInvalid) as exc:
+            raise ReconcileConflict(
+                f"ConfigMap {namespace}/{naming.config_map_name(name)} key {CONFIG_FILE} does not hold a "
+                f"valid runtime config ({exc}); it was edited by hand: delete and re-create the job"
+            ) from None
+        annotations = config["metadata"].get("annotations") or {}
+        return Launched(runtime.job, annotations.get(naming.ANNOTATION_SPEC_HASH) or spec_hash(runtime.job))
+
+    @staticmethod
+    def _as_current(launched: ForgeReplayJob, body: dict[str, Any], *, suspend: bool) -> ForgeReplayJob:
+        """The launched spec with the live object's metadata (uid, generation) and the wanted suspend."""
+        spec = launched.spec.model_copy(update={"suspend": suspend})
+        current_meta = parse_meta(body)
+        return launched.model_copy(update={"spec": spec, "metadata": current_meta})
+
+    def _get_or_create(self, obj: dict[str, Any], job: ForgeReplayJob) -> dict[str, Any]:
+        meta = obj["metadata"]
+        existing = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        if existing is None:
+            existing, _ = self.kube.create(obj)
+        self._check_owner(existing, job)
+        return existing
+
+    @staticmethod
+    def _check_owner(obj: dict[str, Any], job: ForgeReplayJob) -> None:
+        owners = [o.get("uid") for o in obj["metadata"].get("ownerReferences") or []]
+        if job.metadata.uid not in owners:
+            meta = obj["metadata"]
+            raise ReconcileConflict(
+                f"{obj['kind']} {meta.get('namespace')}/{meta['name']} exists but is not owned by ForgeReplayJob "
+                f"{job.metadata.name} (uid {job.metadata.uid}); rename the job or delete that object"
+            )
+
+    def _verify_output(self, namespace: str, job_name: str, verify_job: dict[str, Any]) -> str | None:
+        """The verify pod's termination message (what `forge-replay dumps verify` printed), once it failed."""
+        if verify_state(verify_job).state != "failed":
+            return None
+        pods = self.kube.list("v1", "Pod", namespace, f"job-name={job_name}")
+        for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                terminated = (cs.get("state") or {}).get("terminated") or {}
+                if terminated.get("message"):
+                    return terminated["message"]
+                if terminated:
+                    return f"exit code {terminated.get('exitCode')} ({terminated.get('reason') or 'Error'})"
+        return None
+
+    def _propagate_suspend(self, job: ForgeReplayJob, rayjob: dict[str, Any]) -> dict[str, Any]:
+        """spec.suspend -> RayJob.spec.suspend. With a Kueue queue, Kueue owns resuming (it admits)."""
+        wanted = job.spec.suspend
+        current = bool((rayjob.get("spec") or {}).get("suspend"))
+        if wanted == current or (not wanted and job.spec.scheduling.queue_name):
+            return rayjob
+        meta = rayjob["metadata"]
+        return self.kube.merge_patch(
+            "ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"], {"spec": {"suspend": wanted}}
+        )
+
+    def _progress(self, namespace: str, name: str) -> ProgressReport | None:
+        config = self.kube.get("v1", "ConfigMap", namespace, naming.progress_map_name(name))
+        text = ((config or {}).get("data") or {}).get(PROGRESS_KEY)
+        if not text:
+            return None
+        try:
+            return ProgressReport.model_validate_json(text)
+        except ValidationError as exc:
+            log.warning(
+                "ConfigMap %s/%s key %s is not a valid progress report, status keeps the last good one: %s",
+                namespace, naming.progress_map_name(name), PROGRESS_KEY, exc,
+            )  # fmt: skip
+            return None
+
+    def _observe_launch(self, job: ForgeReplayJob, body: dict[str, Any]) -> None:
+        created = body["metadata"].get("creationTimestamp")
+        if created:
+            started = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+            metrics.TIME_TO_LAUNCH.observe(max(0.0, time.time() - started.timestamp()))
+
+    def _write_status(
+        self, body: dict[str, Any], previous: dict[str, Any], status: dict[str, Any]
+    ) -> dict[str, Any]:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        self.phases.set(namespace, name, status.get("phase"))
+        if same_status(previous, status):
+            return status
+        self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": status}, status=True)
+        if phase_changed(previous, status):
+            self._event(body, status)
+        return status
+
+    def _event(self, body: dict[str, Any], status: dict[str, Any]) -> None:
+        """A Kubernetes event on the job for a phase transition (durable state is in the conditions)."""
+        meta = body["metadata"]
+        phase = status["phase"]
+        now = rfc3339(datetime.now(timezone.utc))
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "reason": phase,
+            "message": (status.get("message") or phase)[:1024],
+            "type": "Warning" if phase == "Failed" else "Normal",
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "reportingInstance": EVENT_SOURCE,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.kube.create(event)
+        except Exception as exc:  # an event is a courtesy: the status was written already
+            log.warning("could not post event %s for %s/%s: %s", phase, meta["namespace"], meta["name"], exc)
+
+
+def parse_meta(body: dict[str, Any]):
+    """The live object's metadata as the API model."""
+    from forge_replay.api import ObjectMeta
+
+    return ObjectMeta.model_validate(body["metadata"])
+
+
+def _status_model(previous: dict[str, Any]) -> ForgeReplayJobStatus | None:
+    if not previous:
+        return None
+    try:
+        return ForgeReplayJobStatus.model_validate(previous)
+    except ValidationError:
+        return None  # a status written by hand: recomputed from the children

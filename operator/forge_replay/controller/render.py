@@ -1,0 +1,420 @@
+"""render(job, settings) -> the Kubernetes objects the operator creates for a ForgeReplayJob.
+
+Pure functions: a validated ForgeReplayJob in, plain dicts out (ready for the API server or
+for `forge-replay render FILE`). Creation order is the list order: the RayJob comes last and is
+created only once the verify Job (when ``replay.verify``) has succeeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ObjectMeta
+from forge_replay.api import paths
+from forge_replay.api.runtime_config import RuntimeConfig
+from forge_replay.controller import naming
+from forge_replay.controller.settings import OperatorSettings
+
+ENTRYPOINT = f"python -m forge_replay.runtime --config {paths.CONFIG_PATH}"
+GPU_RESOURCE = "nvidia.com/gpu"
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+SUBMITTER_CONTAINER = "ray-job-submitter"
+TRAINER_GROUP = "trainer"
+ROLLOUT_GROUP = "rollout"
+
+
+def render(job: ForgeReplayJob, settings: OperatorSettings | None = None) -> list[dict[str, Any]]:
+    """Every child object of ``job``, in the order the operator creates them."""
+    settings = settings or OperatorSettings()
+    objects = [config_map(job, settings), progress_map(job, settings), *runtime_rbac(job, settings)]
+    if job.spec.replay.verify:
+        objects.append(verify_job(job, settings))
+    objects.append(ray_job(job, settings))
+    return objects
+
+
+def spec_hash(job: ForgeReplayJob) -> str:
+    """Hash of everything in the spec that is frozen at launch (all of it but ``suspend``)."""
+    return hashlib.sha256(json.dumps(frozen_spec(job), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def frozen_spec(job: ForgeReplayJob) -> dict[str, Any]:
+    """The normalized spec minus ``suspend``: what may not change once children exist."""
+    return job.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"suspend"})
+
+
+def owner_reference(job: ForgeReplayJob) -> dict[str, Any] | None:
+    """The controller owner reference to ``job``; None when the job has no uid (rendered from a file)."""
+    if not job.metadata.uid:
+        return None
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeConfig:
+    """The runtime's input file: the job (name, namespace, spec) plus the mount points."""
+    meta = ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace)
+    clean = ForgeReplayJob(metadata=meta, spec=job.spec)
+    return RuntimeConfig(
+        job=clean,
+        dumps_root=paths.DUMPS_MOUNT,
+        results_dir=paths.RESULTS_MOUNT if job.spec.results.claim_name else None,
+        model_root=paths.MODEL_MOUNT if job.spec.model.path else None,
+        engine_command=settings.engine_command,
+        progress_configmap=naming.progress_map_name(_name(job)),
+    )
+
+
+def config_map(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    """ConfigMap ``<name>-config`` with ``config.yaml`` (mounted at CONFIG_DIR in every Ray pod)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, naming.config_map_name(_name(job)), settings),
+        "data": {paths.CONFIG_FILE: runtime_config(job, settings).to_yaml()},
+    }
+
+
+def progress_map(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    """ConfigMap ``<name>-progress``, created empty; the runtime patches ``progress.json`` into it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, naming.progress_map_name(_name(job)), settings),
+        "data": {},
+    }
+
+
+def runtime_rbac(job: ForgeReplayJob, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """ServiceAccount + Role + RoleBinding: the runtime may only get/patch its own progress ConfigMap."""
+    name = naming.runtime_account_name(_name(job))
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(job, name, settings),
+        "automountServiceAccountToken": False,
+    }
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(job, name, settings),
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [naming.progress_map_name(_name(job))],
+                "verbs": ["get", "patch"],
+            }
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(job, name, settings),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, **_namespace_field(job)}],
+    }
+    return [account, role, binding]
+
+
+def verify_command(job: ForgeReplayJob) -> list[str]:
+    """The `forge-replay dumps verify` command line of the pre-flight Job."""
+    replay = job.spec.replay
+    command = [
+        "forge-replay", "dumps", "verify",
+        "--root", paths.DUMPS_MOUNT,
+        "--path", replay.dumps.path,
+        "--num-rollouts", str(replay.num_rollouts),
+    ]  # fmt: skip
+    if replay.start_rollout_id:
+        command += ["--start-rollout-id", str(replay.start_rollout_id)]
+    if replay.eval_interval:
+        command += ["--eval-interval", str(replay.eval_interval)]
+    if not replay.dumps.fallback_to_first:
+        command.append("--no-fallback")
+    return command
+
+
+def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Batch Job ``<name>-verify``: checks every needed dump exists and loads, before any GPU is asked for."""
+    name = naming.verify_job_name(_name(job))
+    container = {
+        "name": "verify",
+        "image": settings.image_for(job.spec.image),
+        "imagePullPolicy": "IfNotPresent",
+        "command": verify_command(job),
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {
+            "requests": {"cpu": settings.verify_cpu, "memory": settings.verify_memory},
+            "limits": {"memory": settings.verify_memory},
+        },
+        "securityContext": _container_security(),
+        # Whatever verify printed becomes the termination message, and so the condition message.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "dumps", "mountPath": paths.DUMPS_MOUNT, "readOnly": True}],
+    }
+    labels = naming.child_labels(_name(job), settings.extra_labels) | {naming.LABEL_ROLE: "verify"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(job, name, settings, role="verify"),
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": settings.verify_deadline_seconds,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": _pod_security(settings),
+                    "containers": [container],
+                    "volumes": [_dumps_volume(job)],
+                },
+            },
+        },
+    }
+
+
+def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    """The KubeRay RayJob (same name as the job): head, trainer group and, in forge mode, the engines."""
+    spec = job.spec
+    queued = bool(spec.scheduling.queue_name)
+    metadata = _metadata(job, naming.ray_job_name(_name(job)), settings)
+    if queued:
+        metadata["labels"][naming.LABEL_KUEUE_QUEUE] = spec.scheduling.queue_name
+    workers = [_trainer_group(job, settings)]
+    rollout = _rollout_group(job, settings)
+    if rollout is not None:
+        workers.append(rollout)
+    return {
+        "apiVersion": f"{naming.RAY_GROUP}/{naming.RAY_VERSION}",
+        "kind": naming.RAY_KIND,
+        "metadata": metadata,
+        "spec": {
+            "entrypoint": ENTRYPOINT,
+            "submissionMode": "K8sJobMode",
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            # Kueue admits a queued RayJob by unsuspending it, so it must be created suspended.
+            "suspend": spec.suspend or queued,
+            "submitterPodTemplate": _submitter_template(job, settings),
+            "rayClusterSpec": {
+                "headGroupSpec": {
+                    "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+                    "template": _head_template(job, settings),
+                },
+                "workerGroupSpecs": workers,
+            },
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------- helpers
+
+
+def _name(job: ForgeReplayJob) -> str:
+    if not job.metadata.name:
+        raise ValueError("metadata.name: required to render a ForgeReplayJob's objects")
+    return job.metadata.name
+
+
+def _namespace_field(job: ForgeReplayJob) -> dict[str, str]:
+    return {"namespace": job.metadata.namespace} if job.metadata.namespace else {}
+
+
+def _metadata(
+    job: ForgeReplayJob, name: str, settings: OperatorSettings, role: str | None = None
+) -> dict[str, Any]:
+    labels = naming.child_labels(_name(job), settings.extra_labels)
+    if role:
+        labels[naming.LABEL_ROLE] = role
+    meta: dict[str, Any] = {"name": name, **_namespace_field(job), "labels": labels}
+    meta["annotations"] = {naming.ANNOTATION_SPEC_HASH: spec_hash(job)}
+    owner = owner_reference(job)
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+def _pod_security(settings: OperatorSettings) -> dict[str, Any]:
+    uid = settings.runtime_uid
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _dumps_volume(job: ForgeReplayJob) -> dict[str, Any]:
+    claim = {"claimName": job.spec.replay.dumps.claim_name, "readOnly": True}
+    return {"name": "dumps", "persistentVolumeClaim": claim}
+
+
+def _volumes(job: ForgeReplayJob, settings: OperatorSettings) -> tuple[list[dict], list[dict]]:
+    """Volumes and mounts shared by every Ray pod: dumps (ro), config (ro), /dev/shm, model (ro), results."""
+    volumes: list[dict[str, Any]] = [
+        _dumps_volume(job),
+        {"name": "config", "configMap": {"name": naming.config_map_name(_name(job))}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dumps", "mountPath": paths.DUMPS_MOUNT, "readOnly": True},
+        {"name": "config", "mountPath": paths.CONFIG_DIR, "readOnly": True},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    model = job.spec.model
+    if model.path:
+        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model.claim_name, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": paths.MODEL_MOUNT, "readOnly": True})
+    results = job.spec.results.claim_name
+    if results:
+        volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": results}})
+        mounts.append({"name": "results", "mountPath": paths.RESULTS_MOUNT})
+    return volumes, mounts
+
+
+def _env(job: ForgeReplayJob) -> list[dict[str, Any]]:
+    return [
+        {"name": "FORGE_REPLAY_CONFIG", "value": paths.CONFIG_PATH},
+        {"name": "FORGE_REPLAY_JOB", "value": _name(job)},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+
+
+def _pod_template(
+    job: ForgeReplayJob,
+    settings: OperatorSettings,
+    *,
+    role: str,
+    container: dict[str, Any],
+    gpu_group: bool,
+) -> dict[str, Any]:
+    volumes, mounts = _volumes(job, settings)
+    container = {
+        "image": settings.image_for(job.spec.image),
+        "imagePullPolicy": "IfNotPresent",
+        **container,
+        "env": _env(job),
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+    spec: dict[str, Any] = {"securityContext": _pod_security(settings)}
+    if role == "head":
+        # Only the driver (on the head) publishes progress, so only the head gets the token.
+        spec["serviceAccountName"] = naming.runtime_account_name(_name(job))
+        spec["automountServiceAccountToken"] = True
+    else:
+        spec["automountServiceAccountToken"] = False
+    spec["containers"] = [container]
+    spec["volumes"] = volumes
+    scheduling = job.spec.scheduling
+    if gpu_group:
+        if scheduling.node_selector:
+            spec["nodeSelector"] = dict(scheduling.node_selector)
+        if scheduling.tolerations:
+            spec["tolerations"] = [
+                t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in scheduling.tolerations
+            ]
+        if scheduling.priority_class_name:
+            spec["priorityClassName"] = scheduling.priority_class_name
+    labels = naming.child_labels(_name(job), settings.extra_labels) | {naming.LABEL_ROLE: role}
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _head_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    container = {
+        "name": HEAD_CONTAINER,
+        "ports": [
+            {"name": "gcs", "containerPort": 6379},
+            {"name": "dashboard", "containerPort": 8265},
+            {"name": "client", "containerPort": 10001},
+        ],
+        "resources": {
+            "requests": {"cpu": settings.head_cpu, "memory": settings.head_memory},
+            "limits": {"memory": settings.head_memory},
+        },
+    }
+    return _pod_template(job, settings, role="head", container=container, gpu_group=False)
+
+
+def _gpu_resources(gpus: int, settings: OperatorSettings) -> dict[str, Any]:
+    if gpus == 0:
+        return {
+            "requests": {"cpu": settings.cpu_worker_cpu, "memory": settings.cpu_worker_memory},
+            "limits": {"memory": settings.cpu_worker_memory},
+        }
+    memory = f"{gpus * settings.worker_memory_gib_per_gpu}Gi"
+    return {
+        "requests": {"cpu": str(gpus * settings.worker_cpus_per_gpu), "memory": memory},
+        "limits": {"memory": memory, GPU_RESOURCE: gpus},
+    }
+
+
+def _worker_group(
+    job: ForgeReplayJob, settings: OperatorSettings, *, group: str, replicas: int, gpus: int
+) -> dict[str, Any]:
+    container = {"name": WORKER_CONTAINER, "resources": _gpu_resources(gpus, settings)}
+    return {
+        "groupName": group,
+        "replicas": replicas,
+        "minReplicas": replicas,
+        "maxReplicas": replicas,
+        "rayStartParams": {},
+        "template": _pod_template(job, settings, role=group, container=container, gpu_group=True),
+    }
+
+
+def _trainer_group(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    trainer = job.spec.trainer
+    return _worker_group(job, settings, group=TRAINER_GROUP, replicas=trainer.nodes, gpus=trainer.gpus_per_node)
+
+
+def _rollout_group(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any] | None:
+    """One pod per sglang engine (numGpusPerEngine GPUs each); None in debug mode or when colocated."""
+    rollout = job.spec.rollout
+    if job.spec.replay.mode != "forge" or rollout is None or rollout.colocate:
+        return None
+    return _worker_group(
+        job, settings, group=ROLLOUT_GROUP, replicas=rollout.num_engines, gpus=rollout.num_gpus_per_engine
+    )
+
+
+def _submitter_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    """KubeRay's `ray job submit` pod, non-root like the rest; KubeRay fills in its command."""
+    labels = naming.child_labels(_name(job), settings.extra_labels) | {naming.LABEL_ROLE: "submitter"}
+    return {
+        "metadata": {"labels": labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": _pod_security(settings),
+            "containers": [
+                {
+                    "name": SUBMITTER_CONTAINER,
+                    "image": settings.image_for(job.spec.image),
+                    "imagePullPolicy": "IfNotPresent",
+                    "resources": {
+                        "requests": {"cpu": "500m", "memory": "256Mi"},
+                        "limits": {"cpu": "1", "memory": "1Gi"},
+                    },
+                    "securityContext": _container_security(),
+                }
+            ],
+        },
+    }

@@ -1,0 +1,358 @@
+"""status_from(job, rayjob, verify_job, progress) -> the ForgeReplayJob status: phase and conditions.
+
+Pure functions: observed objects (plain dicts as the API server returns them) in, a camelCase
+status dict out, ready to be sent as a JSON merge patch (a ``None`` value removes a field).
+
+Conditions are written for kstatus (Flux) and Argo CD health checks:
+- ``Ready``: True once the job succeeded.
+- ``Reconciling``: True while work is in progress (pending, verifying, launching, running).
+- ``Stalled``: True when the job failed or a change cannot be applied (the desired state is unreachable).
+- ``SpecValid``, ``DumpsVerified``, ``ClusterReady``: what stands between the spec and a running job.
+
+A KubeRay ``Complete`` with a ``jobStatus`` other than ``SUCCEEDED`` is a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from forge_replay.api import ForgeReplayJob, Problem
+from forge_replay.api.progress import ProgressReport
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+IN_PROGRESS_PHASES = ("Pending", "Verifying", "Launching", "Running")
+CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "SpecValid", "DumpsVerified", "ClusterReady")
+MAX_MESSAGE = 4000  # condition messages stay readable in `kubectl describe`; the tail is kept
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A spec the operator will not apply (changed after launch, or invalid after launch)."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class VerifyState:
+    """What the verify Job says: ``absent``, ``running``, ``succeeded`` or ``failed``."""
+
+    state: str
+    reason: str = ""
+    message: str = ""
+    finished_at: str | None = None
+
+
+@dataclass(frozen=True)
+class _Cond:
+    status: str
+    reason: str
+    message: str = ""
+
+
+def rfc3339(moment: datetime) -> str:
+    """Kubernetes' timestamp format (UTC, seconds)."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def verify_state(verify_job: dict[str, Any] | None, verify_message: str | None = None) -> VerifyState:
+    """Read a batch Job's outcome; ``verify_message`` is the verify pod's termination message, if any."""
+    if verify_job is None:
+        return VerifyState("absent")
+    status = verify_job.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Failed":
+            detail = (verify_message or "").strip() or cond.get("message") or cond.get("reason") or "no output"
+            return VerifyState(
+                "failed",
+                cond.get("reason") or "Failed",
+                _tail(detail),
+                cond.get("lastTransitionTime") or status.get("completionTime"),
+            )
+        if cond.get("type") == "Complete":
+            return VerifyState("succeeded", "Complete", "", status.get("completionTime") or cond.get("lastTransitionTime"))
+    if (status.get("succeeded") or 0) >= 1 and not status.get("active"):
+        return VerifyState("succeeded", "Complete", "", status.get("completionTime"))
+    return VerifyState("running")
+
+
+def status_from(
+    job: ForgeReplayJob,
+    rayjob: dict[str, Any] | None,
+    verify_job: dict[str, Any] | None,
+    progress: ProgressReport | None,
+    *,
+    verify_message: str | None = None,
+    refusal: Refusal | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The status of ``job`` given its observed children (``job.status`` is the previous status)."""
+    now_text = rfc3339(now or datetime.now(timezone.utc))
+    previous = _previous(job)
+    spec = job.spec
+    name = job.metadata.name
+    verify = verify_state(verify_job, verify_message)
+    launched_before = bool(previous.get("rayJobName"))
+
+    spec_valid = _Cond("True", "Valid", "the spec passed validation")
+    if spec.replay.verify:
+        dumps = {
+            "absent": _Cond("Unknown", "Pending", "the verify Job is about to be created"),
+            "running": _Cond("Unknown", "Verifying", f"verify Job {name}-verify is checking the dumps"),
+            "succeeded": _Cond("True", "Verified", "every dump the job needs exists and loads"),
+            "failed": _Cond("False", "VerifyFailed", verify.message),
+        }[verify.state]
+    else:
+        dumps = _Cond("True", "NotRequested", "spec.replay.verify is false: the dumps were not checked in advance")
+    if rayjob is not None or launched_before:
+        dumps = dumps if dumps.status != "Unknown" else _Cond("True", "Verified", "verified before launch")
+
+    completion: str | None = None
+    if rayjob is not None:
+        phase, reason, message, cluster = _from_rayjob(job, rayjob)
+        rj_status = rayjob.get("status") or {}
+        if phase in TERMINAL_PHASES:
+            completion = rj_status.get("endTime")
+    elif launched_before and previous.get("phase") in TERMINAL_PHASES:
+        # The RayJob is gone after the job finished (deleted, or cleaned up): the result stays.
+        phase = previous["phase"]
+        reason, message = _condition_of(previous, "Stalled" if phase == "Failed" else "Ready")
+        cluster = _Cond("False", "JobFinished", "the Ray cluster was released after the job finished")
+    elif launched_before:
+        phase, reason = "Failed", "RayJobDeleted"
+        message = (
+            f"RayJob {previous['rayJobName']} was deleted outside forge-replay before the job finished; "
+            "delete and re-create the ForgeReplayJob to run it again"
+        )
+        cluster = _Cond("False", "RayJobDeleted", message)
+    elif verify.state == "failed":
+        phase, reason = "Failed", "VerifyFailed"
+        message = f"dump verification failed (verify Job {name}-verify): {verify.message}"
+        cluster = _Cond("False", "NotRequested", "no GPUs were requested: dump verification failed")
+        completion = verify.finished_at
+    elif spec.replay.verify and verify.state == "absent":
+        phase, reason, message = "Pending", "Pending", "creating the verify Job"
+        cluster = _Cond("False", "WaitingForVerification", "the RayJob is created once the dumps are verified")
+    elif spec.replay.verify and verify.state == "running":
+        phase, reason, message = "Verifying", "Verifying", f"verify Job {name}-verify is checking the dumps"
+        cluster = _Cond("False", "WaitingForVerification", "the RayJob is created once the dumps are verified")
+    else:
+        phase, reason, message = "Launching", "CreatingRayJob", f"creating RayJob {name}"
+        cluster = _Cond("False", "NotCreated", f"RayJob {name} is being created")
+
+    if phase in TERMINAL_PHASES:
+        completion = previous.get("completionTime") or completion or now_text
+
+    stalled_reason = reason
+    if refusal is not None:
+        spec_valid = _Cond("False", refusal.reason, refusal.message)
+        stalled = _Cond("True", refusal.reason, refusal.message)
+        reconciling = _Cond("False", refusal.reason, "the change is refused; nothing is being applied")
+        message = refusal.message
+    else:
+        stalled = (
+            _Cond("True", stalled_reason, message) if phase == "Failed" else _Cond("False", "NotStalled", "")
+        )
+        reconciling = (
+            _Cond("True", phase, message) if phase in IN_PROGRESS_PHASES else _Cond("False", phase, message)
+        )
+    ready = _Cond("True", "Succeeded", message) if phase == "Succeeded" else _Cond("False", phase, message)
+
+    conditions = {
+        "Ready": ready,
+        "Reconciling": reconciling,
+        "Stalled": stalled,
+        "SpecValid": spec_valid,
+        "DumpsVerified": dumps,
+        "ClusterReady": cluster,
+    }
+    rj_status = (rayjob or {}).get("status") or {}
+    start = previous.get("startTime") or rj_status.get("startTime")
+    if start is None and rayjob is not None:
+        start = (rayjob.get("metadata") or {}).get("creationTimestamp")
+    rollouts = {"completed": 0, "total": spec.replay.num_rollouts}
+    if progress is not None:
+        rollouts = {"completed": progress.completed, "total": progress.total or spec.replay.num_rollouts}
+    elif previous.get("rollouts"):
+        rollouts = previous["rollouts"]
+    memory = previous.get("memory")
+    if progress is not None and progress.memory is not None:
+        memory = progress.memory.model_dump(mode="json", by_alias=True, exclude_none=True)
+    fallbacks = progress.fallbacks if progress is not None else previous.get("fallbacks")
+
+    return {
+        "phase": phase,
+        "observedGeneration": job.metadata.generation,
+        "conditions": _conditions(conditions, previous, job.metadata.generation, now_text),
+        "rayJobName": (rayjob or {}).get("metadata", {}).get("name") or previous.get("rayJobName"),
+        "rayClusterName": rj_status.get("rayClusterName") or previous.get("rayClusterName"),
+        "rollouts": rollouts,
+        "memory": memory,
+        "fallbacks": fallbacks,
+        "startTime": start,
+        "completionTime": completion if phase in TERMINAL_PHASES else None,
+        "message": _tail(message),
+    }
+
+
+def status_for_invalid_spec(
+    generation: int | None,
+    problems: list[Problem],
+    previous: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Status of a job whose spec breaks the API rules and that has no children: Failed, SpecValid=False.
+
+    The message is what `forge-replay validate` prints for the same spec (one ``path: message`` a line).
+    """
+    now_text = rfc3339(now or datetime.now(timezone.utc))
+    previous = previous or {}
+    message = invalid_spec_message(problems)
+    waiting = "nothing is created until the spec is valid"
+    conditions = {
+        "Ready": _Cond("False", "SpecInvalid", message),
+        "Reconciling": _Cond("False", "SpecInvalid", waiting),
+        "Stalled": _Cond("True", "SpecInvalid", message),
+        "SpecValid": _Cond("False", "SpecInvalid", message),
+        "DumpsVerified": _Cond("Unknown", "SpecInvalid", waiting),
+        "ClusterReady": _Cond("False", "SpecInvalid", waiting),
+    }
+    return {
+        "phase": "Failed",
+        "observedGeneration": generation,
+        "conditions": _conditions(conditions, previous, generation, now_text),
+        "rayJobName": None,
+        "rayClusterName": None,
+        "rollouts": None,
+        "memory": None,
+        "fallbacks": None,
+        "startTime": None,
+        "completionTime": None,
+        "message": _tail(f"spec invalid: {message}"),
+    }
+
+
+def invalid_spec_message(problems: list[Problem]) -> str:
+    """The problems as `forge-replay validate` prints them: ``path: message``, one a line."""
+    return "\n".join(str(p) for p in problems)
+
+
+def phase_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """True when the phase differs from the previous status (an event is due)."""
+    return (old or {}).get("phase") != new.get("phase")
+
+
+def same_status(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """True when patching ``new`` over ``old`` would change nothing (so no patch is sent)."""
+    old = old or {}
+    return all(_norm(old.get(key)) == _norm(value) for key, value in new.items())
+
+
+# --------------------------------------------------------------------------------------- helpers
+
+
+def _from_rayjob(job: ForgeReplayJob, rayjob: dict[str, Any]) -> tuple[str, str, str, _Cond]:
+    """Phase, reason, message and ClusterReady from a RayJob's status."""
+    name = rayjob.get("metadata", {}).get("name", job.metadata.name)
+    status = rayjob.get("status") or {}
+    deployment = status.get("jobDeploymentStatus") or ""
+    job_status = status.get("jobStatus") or ""
+    cluster_name = status.get("rayClusterName") or "(not created yet)"
+    rj_message = (status.get("message") or status.get("reason") or "").strip()
+    suspended_spec = bool((rayjob.get("spec") or {}).get("suspend"))
+    cluster_state = ((status.get("rayClusterStatus") or {}).get("state") or "").lower()
+    finished = _Cond("False", "JobFinished", "the Ray cluster is released after the job finished")
+
+    if deployment == "Complete":
+        if job_status == "SUCCEEDED":
+            return "Succeeded", "Succeeded", f"RayJob {name} succeeded", finished
+        detail = f": {rj_message}" if rj_message else ""
+        return (
+            "Failed",
+            f"RayJob{(job_status or 'Unknown').title()}",
+            f"RayJob {name} completed with jobStatus {job_status or 'unset'}{detail}",
+            finished,
+        )
+    if deployment in ("Failed", "ValidationFailed"):
+        detail = f": {rj_message}" if rj_message else ""
+        return "Failed", f"RayJob{deployment}", f"RayJob {name} {deployment}{detail}", finished
+    if deployment in ("Suspending", "Suspended") or (suspended_spec and deployment in ("", "New")):
+        queue = job.spec.scheduling.queue_name
+        if queue and not job.spec.suspend:
+            return (
+                "Pending",
+                "QueuedForAdmission",
+                f"RayJob {name} waits for Kueue to admit it from queue {queue}",
+                _Cond("False", "Queued", "the Ray cluster is created once Kueue admits the RayJob"),
+            )
+        return "Suspended", "Suspended", f"RayJob {name} is suspended (spec.suspend)", _Cond(
+            "False", "Suspended", "the Ray cluster is deleted while the job is suspended"
+        )
+    if deployment == "Running":
+        return "Running", "Running", f"RayJob {name} is running on RayCluster {cluster_name}", _Cond(
+            "True", "ClusterReady", f"RayCluster {cluster_name} is ready"
+        )
+    if deployment == "Retrying":
+        return "Launching", "Retrying", f"RayJob {name} is retrying{': ' + rj_message if rj_message else ''}", _Cond(
+            "False", "Retrying", "KubeRay is re-creating the Ray cluster"
+        )
+    cluster = (
+        _Cond("True", "ClusterReady", f"RayCluster {cluster_name} is ready")
+        if cluster_state == "ready"
+        else _Cond("False", "Provisioning", f"RayCluster {cluster_name} is being provisioned")
+    )
+    label = deployment or "New"
+    return "Launching", "Launching", f"RayJob {name} is {label.lower()}: waiting for its Ray cluster", cluster
+
+
+def _previous(job: ForgeReplayJob) -> dict[str, Any]:
+    if job.status is None:
+        return {}
+    return job.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _condition_of(previous: dict[str, Any], kind: str) -> tuple[str, str]:
+    for cond in previous.get("conditions") or []:
+        if cond.get("type") == kind:
+            return cond.get("reason") or previous.get("phase", ""), cond.get("message") or ""
+    return previous.get("phase", ""), previous.get("message") or ""
+
+
+def _conditions(
+    wanted: dict[str, _Cond], previous: dict[str, Any], generation: int | None, now_text: str
+) -> list[dict[str, Any]]:
+    """metav1.Conditions, keeping lastTransitionTime when a condition's status did not change."""
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    out = []
+    for kind in CONDITION_TYPES:
+        cond = wanted[kind]
+        old = before.get(kind) or {}
+        since = old.get("lastTransitionTime") if old.get("status") == cond.status else None
+        out.append(
+            {
+                "type": kind,
+                "status": cond.status,
+                "reason": cond.reason or kind,
+                "message": _tail(cond.message),
+                "lastTransitionTime": since or now_text,
+                "observedGeneration": generation,
+            }
+        )
+    return out
+
+
+def _tail(text: str) -> str:
+    text = text or ""
+    return text if len(text) <= MAX_MESSAGE else "..." + text[-(MAX_MESSAGE - 3):]
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_norm(v) for v in value]
+    return value

@@ -1,0 +1,213 @@
+"""render(job) -> objects: golden files plus the rules each object must keep.
+
+Regenerate goldens after an intended change: FORGE_REPLAY_UPDATE_GOLDEN=1 pytest tests/unit/test_render.py
+and review the diff like any other change.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from forge_replay.api import parse_job
+from forge_replay.api.paths import CONFIG_DIR, DUMPS_MOUNT, MODEL_MOUNT, RESULTS_MOUNT
+from forge_replay.api.runtime_config import RuntimeConfig
+from forge_replay.controller import naming
+from forge_replay.controller.cli import objects_yaml
+from forge_replay.controller.render import render, spec_hash, verify_command
+from forge_replay.controller.settings import OperatorSettings
+
+GOLDEN = Path(__file__).parent / "golden" / "render"
+CASES = sorted(p.name.removesuffix(".in.yaml") for p in GOLDEN.glob("*.in.yaml"))
+SETTINGS = OperatorSettings(runtime_image="registry.example.com/forge-replay/runtime:golden")
+
+
+def _job(case: str):
+    return parse_job(yaml.safe_load((GOLDEN / f"{case}.in.yaml").read_text()))
+
+
+def _by_kind(objects):
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_render_matches_golden(case: str) -> None:
+    text = objects_yaml(render(_job(case), SETTINGS))
+    golden = GOLDEN / f"{case}.out.yaml"
+    if os.environ.get("FORGE_REPLAY_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert golden.exists(), f"{golden} missing: run with FORGE_REPLAY_UPDATE_GOLDEN=1 and review it"
+    assert text == golden.read_text(), f"render output differs from {golden}; review, then regenerate"
+
+
+def test_golden_cases_exist() -> None:
+    assert {"forge-memtest", "debug-checkpoint", "forge-colocated-cpu"} <= set(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_child_is_owned_and_labelled(case: str) -> None:
+    job = _job(case)
+    for obj in render(job, SETTINGS):
+        meta = obj["metadata"]
+        assert meta["namespace"] == job.metadata.namespace
+        assert meta["labels"][naming.LABEL_MANAGED_BY] == "forge-replay"
+        assert meta["labels"][naming.LABEL_JOB] == job.metadata.name
+        assert meta["annotations"][naming.ANNOTATION_SPEC_HASH] == spec_hash(job)
+        [owner] = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "forgereplay.io/v1alpha1",
+            "kind": "ForgeReplayJob",
+            "name": job.metadata.name,
+            "uid": job.metadata.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def test_forge_rayjob_shape() -> None:
+    job = _job("forge-memtest")
+    objects = render(job, SETTINGS)
+    assert [o["kind"] for o in objects] == [
+        "ConfigMap", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job", "RayJob",
+    ]  # fmt: skip
+    rayjob = objects[-1]
+    assert rayjob["metadata"]["name"] == "qwen3-8b-64k-memtest"
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "h200-memtests"
+    spec = rayjob["spec"]
+    assert spec["entrypoint"] == "python -m forge_replay.runtime --config /etc/forge-replay/config.yaml"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["ttlSecondsAfterFinished"] == 3600
+    assert spec["suspend"] is True  # queued: Kueue unsuspends it on admission
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    trainer, rollout = spec["rayClusterSpec"]["workerGroupSpecs"]
+    assert (trainer["groupName"], trainer["replicas"], trainer["minReplicas"], trainer["maxReplicas"]) == (
+        "trainer", 2, 2, 2,
+    )  # fmt: skip
+    assert trainer["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert (rollout["groupName"], rollout["replicas"]) == ("rollout", 4)  # 8 GPUs / 2 per engine
+    assert rollout["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    for group in (trainer, rollout):
+        pod = group["template"]["spec"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert pod["priorityClassName"] == "gpu-batch"
+        assert pod["automountServiceAccountToken"] is False
+    assert "nodeSelector" not in head and "priorityClassName" not in head
+    assert head["serviceAccountName"] == "qwen3-8b-64k-memtest-runtime"
+    for pod in (head, trainer["template"]["spec"], rollout["template"]["spec"]):
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts[DUMPS_MOUNT]["readOnly"] is True
+        assert mounts[CONFIG_DIR]["readOnly"] is True
+        assert not mounts[RESULTS_MOUNT].get("readOnly")
+        assert MODEL_MOUNT not in mounts  # model from config: nothing to mount
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["dumps"]["persistentVolumeClaim"] == {"claimName": "rollout-dumps", "readOnly": True}
+        assert volumes["results"]["persistentVolumeClaim"] == {"claimName": "replay-results"}
+        assert pod["containers"][0]["image"] == SETTINGS.runtime_image
+
+
+def test_debug_mode_has_no_engines_and_mounts_the_model_read_only() -> None:
+    job = _job("debug-checkpoint")
+    objects = render(job, SETTINGS)
+    kinds = [o["kind"] for o in objects]
+    assert "Job" not in kinds  # verify: false
+    rayjob = objects[-1]
+    groups = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert [g["groupName"] for g in groups] == ["trainer"]
+    assert rayjob["spec"]["suspend"] is True  # spec.suspend
+    assert "kueue.x-k8s.io/queue-name" not in rayjob["metadata"]["labels"]
+    pod = groups[0]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example.com/forge-replay/runtime:1.2.3"
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts[MODEL_MOUNT]["readOnly"] is True and RESULTS_MOUNT not in mounts
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_colocated_engines_share_the_trainer_pods() -> None:
+    rayjob = render(_job("forge-colocated-cpu"), SETTINGS)[-1]
+    assert [g["groupName"] for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]] == ["trainer"]
+
+
+def test_cpu_trainer_asks_for_no_gpu() -> None:
+    doc = yaml.safe_load((GOLDEN / "debug-checkpoint.in.yaml").read_text())
+    doc["spec"]["trainer"]["gpusPerNode"] = 0
+    rayjob = render(parse_job(doc), SETTINGS)[-1]
+    resources = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0][
+        "resources"
+    ]
+    assert "nvidia.com/gpu" not in resources["limits"]
+
+
+def test_config_map_holds_a_runtime_config_the_runtime_can_read() -> None:
+    job = _job("forge-memtest")
+    config = render(job, SETTINGS)[0]
+    runtime = RuntimeConfig.model_validate(yaml.safe_load(config["data"]["config.yaml"]))
+    assert runtime.job.spec == job.spec
+    assert runtime.job.metadata.name == job.metadata.name
+    assert runtime.job.metadata.uid is None  # no live-object noise in the runtime's input
+    assert runtime.dumps_root == DUMPS_MOUNT
+    assert runtime.results_dir == RESULTS_MOUNT
+    assert runtime.progress_configmap == "qwen3-8b-64k-memtest-progress"
+
+
+def test_runtime_role_allows_only_its_progress_configmap() -> None:
+    objects = _by_kind(render(_job("forge-memtest"), SETTINGS))
+    role = objects[("Role", "qwen3-8b-64k-memtest-runtime")]
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["qwen3-8b-64k-memtest-progress"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    binding = objects[("RoleBinding", "qwen3-8b-64k-memtest-runtime")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "qwen3-8b-64k-memtest-runtime", "namespace": "ml-platform"}
+    ]
+
+
+def test_verify_job_runs_dumps_verify_read_only_and_non_root() -> None:
+    objects = _by_kind(render(_job("forge-memtest"), SETTINGS))
+    verify = objects[("Job", "qwen3-8b-64k-memtest-verify")]
+    assert verify["spec"]["backoffLimit"] == 0
+    pod = verify["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == [
+        "forge-replay", "dumps", "verify", "--root", DUMPS_MOUNT, "--path", "run-42/rollout_{rollout_id}.pt",
+        "--num-rollouts", "8", "--start-rollout-id", "2", "--eval-interval", "4",
+    ]  # fmt: skip
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["volumeMounts"] == [{"name": "dumps", "mountPath": DUMPS_MOUNT, "readOnly": True}]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["restartPolicy"] == "Never"
+    assert "nodeSelector" not in pod  # verify needs no GPU node
+
+
+def test_verify_command_no_fallback() -> None:
+    doc = yaml.safe_load((GOLDEN / "debug-checkpoint.in.yaml").read_text())
+    command = verify_command(parse_job(doc))
+    assert command[-1] == "--no-fallback"
+    assert "--start-rollout-id" not in command and "--eval-interval" not in command
+
+
+def test_spec_hash_ignores_suspend_only() -> None:
+    doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
+    base = spec_hash(parse_job(doc))
+    doc["spec"]["suspend"] = True
+    assert spec_hash(parse_job(doc)) == base
+    doc["spec"]["replay"]["numRollouts"] = 9
+    assert spec_hash(parse_job(doc)) != base
+
+
+def test_file_rendering_has_no_owner_references() -> None:
+    doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
+    del doc["metadata"]["uid"]
+    for obj in render(parse_job(doc), SETTINGS):
+        assert "ownerReferences" not in obj["metadata"]
