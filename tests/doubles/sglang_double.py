@@ -7,7 +7,8 @@ tests/doubles/sglang_double.py --record-dir DIR"``): it takes sglang's arguments
 ``--port``, ``--model-path``, ``--load-format``, ...) and accepts and records any unknown ones.
 
 Records (JSON, under ``--record-dir`` or ``$SGLANG_DOUBLE_RECORD_DIR``, one set per port):
-- ``start-<port>.json``: pid, pgid, argv, the parsed known args and the unknown ones;
+- ``start-<port>.json``: pid, pgid, argv, the parsed known args and the unknown ones (the latest
+  start; ``starts-<port>.jsonl`` keeps every start on that port, e.g. after a recovery);
 - ``calls-<port>.jsonl``: one line per request: time, method, path, JSON body;
 - ``stop-<port>.json``: written when it is stopped by SIGTERM/SIGINT.
 
@@ -233,17 +234,19 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.startup_delay)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     server.daemon_threads = True
-    state.write_json(
-        "start",
-        {
-            "pid": os.getpid(),
-            "pgid": os.getpgid(0),
-            "argv": sys.argv if argv is None else argv,
-            "known": vars(args),
-            "unknown": unknown,
-            "time": time.time(),
-        },
-    )
+    start = {
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "argv": sys.argv if argv is None else argv,
+        "known": vars(args),
+        "unknown": unknown,
+        "time": time.time(),
+    }
+    state.write_json("start", start)
+    starts = state.record_file("starts", "jsonl")
+    if starts is not None:
+        with open(starts, "a", encoding="utf-8") as out:
+            out.write(json.dumps(start) + "\n")
 
     def _stop(signum: int, frame: object) -> None:
         state.write_json("stop", {"pid": os.getpid(), "signal": signum, "time": time.time()})

@@ -30,14 +30,15 @@ def test_argv_passes_engine_args_and_sets_what_forge_replay_owns():
         port=31000,
         model=DUMMY,
         tp_size=2,
-        engine_args={"mem-fraction-static": "0.7", "--context-length": "65536", "enable-memory-saver": ""},
+        engine_args={"mem-fraction-static": "0.7", "--context-length": "65536", "enable-memory-saver": "", "trust-remote-code": "true",
+                     "disable-cuda-graph": "false"},
         base_gpu_id=4,
     )
     assert argv == [
         "python", "-m", "sglang.launch_server",
         "--host", "10.0.0.5", "--port", "31000", "--model-path", "/scratch/engine-model",
         "--tp-size", "2", "--base-gpu-id", "4", "--load-format", "dummy", "--skip-server-warmup",
-        "--mem-fraction-static", "0.7", "--context-length", "65536", "--enable-memory-saver",
+        "--mem-fraction-static", "0.7", "--context-length", "65536", "--enable-memory-saver", "--trust-remote-code",
     ]
 
 

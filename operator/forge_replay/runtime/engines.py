@@ -121,8 +121,8 @@ def build_engine_argv(
 ) -> list[str]:
     """argv of one engine server: the command, then sglang's launch_server arguments.
 
-    engineArgs pass through as ``--key value``; an empty value passes the flag alone (sglang's
-    on/off switches). The server warm-up is skipped; a model from a config loads random weights
+    engineArgs pass through as ``--key value``; ``""`` or ``"true"`` passes the flag alone and
+    ``"false"`` leaves it out (sglang's on/off switches take no value). The server warm-up is skipped; a model from a config loads random weights
     (``--load-format dummy``) unless engineArgs set ``load-format``.
     """
     problems = engine_args_problems(engine_args)
@@ -138,8 +138,10 @@ def build_engine_argv(
     if "skip-server-warmup" not in user:
         argv.append("--skip-server-warmup")
     for name, value in user.items():
+        if value.lower() == "false":
+            continue
         argv.append(f"--{name}")
-        if value != "":
+        if value.lower() not in ("", "true"):
             argv.append(value)
     return argv
 

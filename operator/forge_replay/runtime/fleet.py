@@ -124,7 +124,7 @@ class EngineFleet:
         """Build the fleet of a validated ForgeReplayJob (fails fast without sglang or --engine-command)."""
         spec = job.spec
         ft = spec.fault_tolerance
-        plan = plan or plan_rollout_side(spec.replay.mode, ft.enabled, ft.components)
+        plan = plan or plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components)
         command = resolve_engine_command(engine_command)
         rollout = spec.rollout
         work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"forge-replay-{job.metadata.name}-"))

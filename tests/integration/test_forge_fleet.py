@@ -1,0 +1,248 @@
+"""The forge-mode engine fleet on a real local Ray with real engine processes (the sglang test double).
+
+Drives :class:`EngineFleet` through the hooks the rollout manager calls, over the fault-tolerance
+matrix: which monitors, fault injections and recoveries happen, weight pushes per step with
+versions advancing, engines alive until shutdown and gone after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge_replay.api import parse_job
+from forge_replay.runtime.eval_fleet import EvalFleetUnhealthy
+from forge_replay.runtime.faults import FAULTS_ENV
+from forge_replay.runtime.fleet import EngineDead, EngineFleet
+from forge_replay.runtime.gating import plan_rollout_side
+from forge_replay.runtime.engines import engine_call
+
+pytestmark = [pytest.mark.ray]
+
+DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def make_job(ft_enabled: bool = False, components: list[str] | None = None, engines: int = 2):
+    ft: dict = {"enabled": ft_enabled, "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2}}
+    if components is not None:
+        ft["components"] = components
+    return parse_job({
+        "apiVersion": "forgereplay.io/v1alpha1",
+        "kind": "ForgeReplayJob",
+        "metadata": {"name": "fleet-test"},
+        "spec": {
+            "replay": {"mode": "forge", "dumps": {"claimName": "d", "path": "rollout_{rollout_id}.pt"}, "numRollouts": 2},
+            "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 16}},
+            "trainer": {"gpusPerNode": 0},
+            "rollout": {"numGpus": engines, "numGpusPerEngine": 1, "engineArgs": {"context-length": "256"}},
+            "faultTolerance": ft,
+        },
+    })
+
+
+class Records:
+    """What the double processes recorded under one directory."""
+
+    def __init__(self, directory: Path):
+        self.dir = directory
+
+    def ports(self) -> list[int]:
+        return sorted(int(p.stem.split("-")[1]) for p in self.dir.glob("start-*.json"))
+
+    def starts(self, port: int) -> list[dict]:
+        return [json.loads(line) for line in (self.dir / f"starts-{port}.jsonl").read_text().splitlines()]
+
+    def calls(self, port: int) -> list[dict]:
+        path = self.dir / f"calls-{port}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def paths(self, port: int) -> list[str]:
+        return [c["path"] for c in self.calls(port)]
+
+    def stopped(self, port: int) -> bool:
+        return (self.dir / f"stop-{port}.json").exists()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def new_fleet(job, tmp_path: Path) -> tuple[EngineFleet, Records]:
+    record_dir = tmp_path / "double"
+    command = f"{sys.executable} {DOUBLE} --record-dir {record_dir}"
+    fleet = EngineFleet.from_job(job, engine_command=command, model_root=None, work_dir=tmp_path / "work",
+                                 startup_timeout_s=60)
+    return fleet, Records(record_dir)
+
+
+def weights(step: int) -> dict:
+    return {"layer.weight": torch.full((4, 4), float(step))}
+
+
+def run_steps(fleet: EngineFleet, steps: int, eval_every: int = 0) -> None:
+    for step in range(steps):
+        fleet.before_generate(step)
+        fleet.before_train_step(step)
+        fleet.after_train_step(step, weights(step))
+        if eval_every and (step + 1) % eval_every == 0:
+            fleet.before_eval((step + 1) // eval_every)
+
+
+def test_engines_launched_pushed_every_step_alive_until_shutdown_then_gone(tmp_path):
+    fleet, records = new_fleet(make_job(), tmp_path)
+    fleet.start()
+    try:
+        run_steps(fleet, 3)
+        ports = records.ports()
+        assert len(ports) == 2
+        url_of = {int(url.rsplit(":", 1)[1]): url for url in fleet.report()["urls"]}
+        pids = [records.starts(port)[-1]["pid"] for port in ports]
+        assert all(pid_alive(pid) for pid in pids)  # alive at the end of the run
+        for port in ports:
+            start = records.starts(port)[0]
+            assert start["known"]["load_format"] == "dummy" and start["known"]["skip_server_warmup"]
+            assert start["unknown"] == ["--context-length", "256"]
+            assert json.loads(Path(start["known"]["model_path"], "config.json").read_text())["hidden_size"] == 16
+            pushes = [c["body"] for c in records.calls(port) if c["path"] == "/update_weights_from_disk"]
+            assert [p["weight_version"] for p in pushes] == ["1", "2", "3"]  # one per step, advancing
+            assert engine_call(url_of[port], "/get_weight_version") == {"weight_version": "3"}
+            assert records.paths(port).count("/flush_cache") == 3
+            assert records.paths(port)[0] == "/health_generate"  # health-checked before use
+        report = fleet.report()
+        assert report["engines"] == 2 and report["weight_versions"] == ["1", "2", "3"]
+        assert report["restarts"] == 0 and report["health_monitors"] == 0 and report["memory_held_gib"] is None
+    finally:
+        fleet.shutdown()
+    assert all(records.stopped(port) for port in ports)
+    assert not any(pid_alive(pid) for pid in pids)  # gone after, no orphans
+
+
+FT_MATRIX = [
+    # enabled, components, rollout FT (monitor + injection + recovery)
+    (False, None, False),
+    (True, ["train"], False),
+    (True, ["rollout"], True),
+    (True, ["train", "rollout"], True),
+]
+
+
+@pytest.mark.parametrize(("enabled", "components", "rollout_ft"), FT_MATRIX)
+def test_ft_matrix_monitors_injections_recoveries(tmp_path, monkeypatch, enabled, components, rollout_ft):
+    monkeypatch.setenv(FAULTS_ENV, "kill-engine:step=0,engine=1")
+    job = make_job(enabled, components)
+    fleet, records = new_fleet(job, tmp_path)
+    assert fleet.plan == plan_rollout_side("forge", enabled, job.spec.fault_tolerance.active_components)
+    fleet.start()
+    try:
+        run_steps(fleet, 2, eval_every=1)
+        report = fleet.report()
+        ports = records.ports()
+        engine1_port = int(report["urls"][1].rsplit(":", 1)[1])
+    finally:
+        fleet.shutdown()
+    assert report["health_monitors"] == (1 if rollout_ft else 0)
+    assert report["faults_injected"] == (["kill-engine:step=0,engine=1"] if rollout_ft else [])
+    assert report["restarts_by_engine"] == ([0, 1] if rollout_ft else [0, 0])
+    assert (report["faults_ignored"] is None) == rollout_ft  # a set variable is reported, never silently dropped
+    assert len(records.starts(engine1_port)) == (2 if rollout_ft else 1)
+    # monitored engines get probes from the monitor; otherwise the eval fleet probes itself, once per eval
+    assert report["eval_self_probes"] == (0 if rollout_ft else 2 * 2)
+    assert report["weight_versions"] == ["1", "2"]
+    for port in ports:  # the recovered engine got the latest weights too
+        assert [c["body"]["weight_version"] for c in records.calls(port)
+                if c["path"] == "/update_weights_from_disk"][-1] == "2"
+    assert all(records.stopped(port) for port in ports)
+
+
+def test_train_only_ft_sends_the_engines_exactly_what_no_ft_sends(tmp_path):
+    """The miles determinism bug: train-only FT must not add one call to the rollout engines."""
+    sequences = []
+    for name, job in (("off", make_job()), ("train", make_job(True, ["train"]))):
+        fleet, records = new_fleet(job, tmp_path / name)
+        fleet.start()
+        try:
+            run_steps(fleet, 2, eval_every=1)
+        finally:
+            fleet.shutdown()
+        sequences.append(sorted(
+            [(c["method"], c["path"]) for c in records.calls(port)] for port in records.ports()
+        ))
+    assert sequences[0] == sequences[1]
+
+
+def test_monitor_stops_an_unhealthy_engine_and_recovery_restarts_it_before_the_sync(tmp_path):
+    fleet, records = new_fleet(make_job(True, ["rollout"]), tmp_path)
+    fleet.start()
+    try:
+        run_steps(fleet, 1)
+        fleet.before_generate(1)
+        bad_url = fleet.report()["urls"][0]
+        engine_call(bad_url, "/_double/health", method="POST", body={"healthy": False})
+        deadline = time.monotonic() + 15
+        while fleet.report()["health_failures"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert fleet.report()["health_failures"] == 1
+        port = int(bad_url.rsplit(":", 1)[1])
+        assert not pid_alive(records.starts(port)[0]["pid"])  # the monitor stopped it
+        fleet.before_train_step(1)
+        fleet.after_train_step(1, weights(1))
+        report = fleet.report()
+        assert report["restarts_by_engine"] == [1, 0] and report["weight_versions"] == ["1", "2"]
+        assert engine_call(bad_url, "/get_weight_version") == {"weight_version": "2"}
+    finally:
+        fleet.shutdown()
+
+
+def test_train_only_ft_never_recovers_a_killed_engine_and_the_eval_fleet_notices(tmp_path):
+    fleet, records = new_fleet(make_job(True, ["train"]), tmp_path)
+    fleet.start()
+    try:
+        run_steps(fleet, 1)
+        victim = fleet.report()["urls"][0]
+        port = int(victim.rsplit(":", 1)[1])
+        os.killpg(records.starts(port)[0]["pgid"], signal.SIGKILL)  # the engine dies mid-run
+        time.sleep(0.5)
+        with pytest.raises(EvalFleetUnhealthy, match=f"eval 1: .*engine 0 at {victim}"):
+            fleet.before_eval(1)
+        fleet.before_generate(1)
+        fleet.before_train_step(1)
+        with pytest.raises(EngineDead, match="step 1: engine 0 .* is dead .*not restarted"):
+            fleet.after_train_step(1, weights(1))
+        report = fleet.report()
+        assert report["restarts"] == 0 and report["health_monitors"] == 0 and len(records.starts(port)) == 1
+    finally:
+        fleet.shutdown()
+    assert all(records.stopped(p) for p in records.ports() if p != port)
+
+
+def test_engines_that_never_get_healthy_fail_the_start_and_leave_nothing_behind(tmp_path):
+    fleet, records = new_fleet(make_job(engines=1), tmp_path)
+    fleet.command = [sys.executable, str(DOUBLE), "--record-dir", str(records.dir), "--startup-delay", "30"]
+    fleet.settings = type(fleet.settings)(**{**fleet.settings.__dict__, "startup_timeout_s": 2})
+    with pytest.raises(Exception, match="not healthy within 2 s"):
+        fleet.start()
+    fleet.shutdown()
+    assert records.ports() == []
