@@ -14,6 +14,7 @@ import (
 	"os"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 )
 
@@ -52,11 +53,16 @@ func run(in io.Reader, out io.Writer) error {
 	decoder := json.NewDecoder(in)
 	encoder := json.NewEncoder(out)
 	for {
-		var value any
-		if err := decoder.Decode(&value); errors.Is(err, io.EOF) {
+		var raw json.RawMessage
+		if err := decoder.Decode(&raw); errors.Is(err, io.EOF) {
 			return nil
 		} else if err != nil {
 			return fmt.Errorf("reading JSON from stdin: %w", err)
+		}
+		// Kubernetes' JSON decoding: integers become int64 (metadata.generation, observedGeneration).
+		var value any
+		if err := utiljson.Unmarshal(raw, &value); err != nil {
+			return fmt.Errorf("decoding JSON from stdin: %w", err)
 		}
 		objs, err := objects(value)
 		if err != nil {
