@@ -1,0 +1,248 @@
+"""status_from: the table from observed children to phase + conditions (kstatus-readable)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+import yaml
+
+from forge_replay.api import Problem, parse_job
+from forge_replay.api.models import ForgeReplayJobStatus
+from forge_replay.api.progress import ProgressReport
+from forge_replay.controller.status import (
+    Refusal,
+    same_status,
+    status_for_invalid_spec,
+    status_from,
+    verify_state,
+)
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+LATER = datetime(2026, 11, 29, 12, 5, 0, tzinfo=timezone.utc)
+
+JOB = yaml.safe_load(
+    """
+apiVersion: forgereplay.io/v1alpha1
+kind: ForgeReplayJob
+metadata: {name: memtest, namespace: ml, uid: u-1, generation: 3}
+spec:
+  replay:
+    mode: forge
+    dumps: {claimName: dumps, path: "run/rollout_{rollout_id}.pt"}
+    numRollouts: 8
+  model: {config: {hidden_size: 64}}
+  rollout: {numGpus: 8, numGpusPerEngine: 2}
+"""
+)
+
+
+def job(previous: dict | None = None, **spec_changes):
+    doc = yaml.safe_load(yaml.safe_dump(JOB))
+    for dotted, value in spec_changes.items():
+        node = doc["spec"]
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    parsed = parse_job(doc)
+    if previous:
+        parsed = parsed.model_copy(update={"status": ForgeReplayJobStatus.model_validate(previous)})
+    return parsed
+
+
+def verify(state: str, message: str = "") -> dict:
+    if state == "running":
+        return {"metadata": {"name": "memtest-verify"}, "status": {"active": 1}}
+    kind = {"succeeded": "Complete", "failed": "Failed"}[state]
+    cond = {"type": kind, "status": "True", "reason": "BackoffLimitExceeded" if kind == "Failed" else "",
+            "message": message, "lastTransitionTime": "2026-11-29T11:59:00Z"}
+    return {"metadata": {"name": "memtest-verify"},
+            "status": {"conditions": [cond], "completionTime": "2026-11-29T11:59:00Z"}}
+
+
+def rayjob(deployment: str = "", job_status: str = "", suspend: bool = False, **status) -> dict:
+    body = {"metadata": {"name": "memtest", "creationTimestamp": "2026-11-29T11:58:00Z"},
+            "spec": {"suspend": suspend}, "status": {}}
+    if deployment:
+        body["status"]["jobDeploymentStatus"] = deployment
+    if job_status:
+        body["status"]["jobStatus"] = job_status
+    body["status"].update(status)
+    return body
+
+
+def cond(status: dict, kind: str) -> dict:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def kstatus_view(status: dict) -> tuple[str, str, str]:
+    return tuple(cond(status, k)["status"] for k in ("Ready", "Reconciling", "Stalled"))
+
+
+CASES = [
+    # (name, job kwargs, rayjob, verify job, verify message, phase, (Ready, Reconciling, Stalled), extra checks)
+    ("nothing yet", {}, None, None, "Pending", ("False", "True", "False"),
+     {"DumpsVerified": ("Unknown", "Pending"), "ClusterReady": ("False", "WaitingForVerification")}),
+    ("verifying", {}, None, verify("running"), "Verifying", ("False", "True", "False"),
+     {"DumpsVerified": ("Unknown", "Verifying")}),
+    ("verified, rayjob not created yet", {}, None, verify("succeeded"), "Launching", ("False", "True", "False"),
+     {"DumpsVerified": ("True", "Verified"), "ClusterReady": ("False", "NotCreated")}),
+    ("verify disabled", {"replay__verify": False}, None, None, "Launching", ("False", "True", "False"),
+     {"DumpsVerified": ("True", "NotRequested")}),
+    ("rayjob new", {}, rayjob(), verify("succeeded"), "Launching", ("False", "True", "False"),
+     {"ClusterReady": ("False", "Provisioning")}),
+    ("rayjob initializing", {}, rayjob("Initializing", rayClusterName="memtest-raycluster-x"), verify("succeeded"),
+     "Launching", ("False", "True", "False"), {"ClusterReady": ("False", "Provisioning")}),
+    ("rayjob running", {}, rayjob("Running", "RUNNING", rayClusterName="memtest-raycluster-x"),
+     verify("succeeded"), "Running", ("False", "True", "False"), {"ClusterReady": ("True", "ClusterReady")}),
+    ("rayjob succeeded", {}, rayjob("Complete", "SUCCEEDED", endTime="2026-11-29T13:00:00Z"), None,
+     "Succeeded", ("True", "False", "False"), {"ClusterReady": ("False", "JobFinished")}),
+    ("complete but failed", {}, rayjob("Complete", "FAILED", message="driver exited 1"), None,
+     "Failed", ("False", "False", "True"), {}),
+    ("complete but stopped", {}, rayjob("Complete", "STOPPED"), None, "Failed", ("False", "False", "True"), {}),
+    ("deployment failed", {}, rayjob("Failed", "FAILED", reason="AppFailed", message="boom"), None,
+     "Failed", ("False", "False", "True"), {}),
+    ("validation failed", {}, rayjob("ValidationFailed", message="bad spec"), None,
+     "Failed", ("False", "False", "True"), {}),
+    ("suspended", {"suspend": True}, rayjob("Suspended", suspend=True), None, "Suspended",
+     ("False", "False", "False"), {"ClusterReady": ("False", "Suspended")}),
+    ("created suspended", {"suspend": True}, rayjob("", suspend=True), None, "Suspended",
+     ("False", "False", "False"), {}),
+    ("queued for kueue", {"scheduling__queueName": "q"}, rayjob("Suspended", suspend=True), None, "Pending",
+     ("False", "True", "False"), {"ClusterReady": ("False", "Queued")}),
+    ("retrying", {}, rayjob("Retrying", "FAILED"), None, "Launching", ("False", "True", "False"), {}),
+]
+
+
+@pytest.mark.parametrize(("name", "changes", "rj", "vj", "phase", "kstatus", "extra"), CASES,
+                         ids=[c[0] for c in CASES])
+def test_status_table(name, changes, rj, vj, phase, kstatus, extra) -> None:
+    status = status_from(job(**changes), rj, vj, None, now=NOW)
+    assert status["phase"] == phase
+    assert kstatus_view(status) == kstatus
+    assert status["observedGeneration"] == 3
+    assert [c["type"] for c in status["conditions"]] == [
+        "Ready", "Reconciling", "Stalled", "SpecValid", "DumpsVerified", "ClusterReady",
+    ]  # fmt: skip
+    for c in status["conditions"]:
+        assert c["observedGeneration"] == 3
+        assert c["lastTransitionTime"] == "2026-11-29T12:00:00Z"
+        assert c["reason"] and c["reason"][0].isalpha() and c["reason"].replace("_", "").isalnum()
+    assert cond(status, "SpecValid")["status"] == "True"
+    for kind, (want_status, want_reason) in extra.items():
+        assert (cond(status, kind)["status"], cond(status, kind)["reason"]) == (want_status, want_reason), kind
+    if phase in ("Succeeded", "Failed"):
+        assert status["completionTime"]
+    else:
+        assert status["completionTime"] is None
+
+
+def test_complete_with_failed_job_status_is_a_failure_with_the_rayjob_message() -> None:
+    status = status_from(job(), rayjob("Complete", "FAILED", message="driver exited 1"), None, None, now=NOW)
+    assert status["phase"] == "Failed"
+    stalled = cond(status, "Stalled")
+    assert stalled["reason"] == "RayJobFailed"
+    assert "jobStatus FAILED" in stalled["message"] and "driver exited 1" in stalled["message"]
+    assert cond(status, "Ready")["status"] == "False"
+
+
+def test_verify_failure_carries_what_verify_printed() -> None:
+    printed = "rollout 3: run/rollout_3.pt: missing and fallbackToFirst is false\n1 of 8 dumps unusable"
+    vj = verify("failed", message="Job has reached the specified backoff limit")
+    status = status_from(job(), None, vj, None, verify_message=printed, now=NOW)
+    assert status["phase"] == "Failed"
+    dumps = cond(status, "DumpsVerified")
+    assert (dumps["status"], dumps["reason"]) == ("False", "VerifyFailed")
+    assert printed in dumps["message"]
+    assert printed in status["message"] and "memtest-verify" in status["message"]
+    assert cond(status, "ClusterReady")["reason"] == "NotRequested"
+    assert status["rayJobName"] is None
+    assert status["completionTime"] == "2026-11-29T11:59:00Z"
+
+
+def test_verify_failure_without_pod_output_uses_the_job_condition() -> None:
+    vj = verify("failed", message="Job was active longer than specified deadline")
+    status = status_from(job(), None, vj, None, now=NOW)
+    assert "deadline" in cond(status, "DumpsVerified")["message"]
+
+
+def test_running_status_carries_names_times_and_progress() -> None:
+    rj = rayjob("Running", "RUNNING", rayClusterName="memtest-raycluster-abcde", startTime="2026-11-29T11:58:30Z")
+    progress = ProgressReport.model_validate(
+        {"completed": 3, "total": 8, "fallbacks": 1,
+         "memory": {"peakAllocatedGiB": 71.3, "peakReservedGiB": 75.0, "rank": 3}}
+    )
+    status = status_from(job(), rj, verify("succeeded"), progress, now=NOW)
+    assert status["rayJobName"] == "memtest"
+    assert status["rayClusterName"] == "memtest-raycluster-abcde"
+    assert status["startTime"] == "2026-11-29T11:58:30Z"
+    assert status["rollouts"] == {"completed": 3, "total": 8}
+    assert status["memory"] == {"peakAllocatedGiB": 71.3, "peakReservedGiB": 75.0, "rank": 3}
+    assert status["fallbacks"] == 1
+
+
+def test_rollouts_total_known_before_progress() -> None:
+    status = status_from(job(), None, None, None, now=NOW)
+    assert status["rollouts"] == {"completed": 0, "total": 8}
+
+
+def test_transition_time_kept_while_status_holds_and_moves_when_it_flips() -> None:
+    first = status_from(job(), rayjob("Initializing"), verify("succeeded"), None, now=NOW)
+    second = status_from(job(previous=first), rayjob("Running", "RUNNING"), verify("succeeded"), None, now=LATER)
+    assert cond(second, "Reconciling")["lastTransitionTime"] == "2026-11-29T12:00:00Z"  # True -> True
+    assert cond(second, "ClusterReady")["lastTransitionTime"] == "2026-11-29T12:05:00Z"  # False -> True
+    assert second["startTime"] == first["startTime"]
+
+
+def test_refused_change_keeps_the_phase_and_stalls() -> None:
+    refusal = Refusal("SpecChangeRefused", "spec changed after launch (spec.trainer.nodes); ...")
+    status = status_from(job(), rayjob("Running", "RUNNING"), None, None, refusal=refusal, now=NOW)
+    assert status["phase"] == "Running"
+    assert kstatus_view(status) == ("False", "False", "True")
+    spec_valid = cond(status, "SpecValid")
+    assert (spec_valid["status"], spec_valid["reason"]) == ("False", "SpecChangeRefused")
+    assert "spec.trainer.nodes" in status["message"]
+
+
+def test_rayjob_deleted_before_the_end_is_a_failure() -> None:
+    previous = status_from(job(), rayjob("Running", "RUNNING"), None, None, now=NOW)
+    status = status_from(job(previous=previous), None, None, None, now=LATER)
+    assert status["phase"] == "Failed"
+    assert cond(status, "Stalled")["reason"] == "RayJobDeleted"
+    assert "delete and re-create" in status["message"]
+
+
+def test_finished_job_keeps_its_result_when_the_rayjob_is_gone() -> None:
+    previous = status_from(job(), rayjob("Complete", "SUCCEEDED", endTime="2026-11-29T13:00:00Z"), None, None, now=NOW)
+    status = status_from(job(previous=previous), None, None, None, now=LATER)
+    assert status["phase"] == "Succeeded"
+    assert status["completionTime"] == "2026-11-29T13:00:00Z"
+    assert kstatus_view(status) == ("True", "False", "False")
+
+
+def test_invalid_spec_status_uses_the_validate_message() -> None:
+    problems = [Problem("spec.rollout.numGpusPerEngine", "must divide spec.rollout.numGpus (8 is not divisible by 3)")]
+    status = status_for_invalid_spec(2, problems, now=NOW)
+    assert status["phase"] == "Failed"
+    spec_valid = cond(status, "SpecValid")
+    assert spec_valid["status"] == "False"
+    assert spec_valid["message"] == "spec.rollout.numGpusPerEngine: must divide spec.rollout.numGpus (8 is not divisible by 3)"
+    assert kstatus_view(status) == ("False", "False", "True")
+    assert status["observedGeneration"] == 2
+
+
+def test_verify_state_reads_batch_job_conditions() -> None:
+    assert verify_state(None).state == "absent"
+    assert verify_state(verify("running")).state == "running"
+    assert verify_state(verify("succeeded")).state == "succeeded"
+    failed = verify_state(verify("failed", "limit"), "printed")
+    assert (failed.state, failed.message) == ("failed", "printed")
+
+
+def test_same_status_ignores_cleared_fields_and_sees_changes() -> None:
+    status = status_from(job(), None, None, None, now=NOW)
+    stored = {k: v for k, v in status.items() if v is not None}  # what the API server keeps after a merge patch
+    assert same_status(stored, status)
+    moved = dict(status, phase="Verifying")
+    assert not same_status(stored, moved)
