@@ -11,6 +11,8 @@ constructor.
 
 from __future__ import annotations
 
+import _codecs
+import _compat_pickle
 import collections
 import io
 import os
@@ -61,6 +63,8 @@ def _tensor_rebuild_globals() -> dict[tuple[str, str], Any]:
         ("torch", "Size"): torch.Size,
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("torch", "device"): torch.device,
+        # protocol 2 pickles bytes (e.g. numpy array data) as _codecs.encode(str, "latin1")
+        ("_codecs", "encode"): _codecs.encode,
     }
     with warnings.catch_warnings():  # touching legacy storage classes warns about TypedStorage
         warnings.simplefilter("ignore")
@@ -118,6 +122,11 @@ class _SafeUnpickler(pickle.Unpickler):
         self._storages: dict[str, torch.storage.TypedStorage] = {}
 
     def find_class(self, module: str, name: str) -> Any:
+        # Python 2 names (protocol 2, which torch.save uses), mapped as pickle's own find_class does.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         try:
             return ALLOWED_GLOBALS[(module, name)]
         except KeyError:
