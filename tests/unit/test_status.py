@@ -246,3 +246,46 @@ def test_same_status_ignores_cleared_fields_and_sees_changes() -> None:
     assert same_status(stored, status)
     moved = dict(status, phase="Verifying")
     assert not same_status(stored, moved)
+
+
+KSTATUS_EXPECTED = {
+    "Pending": "InProgress",
+    "Verifying": "InProgress",
+    "Launching": "InProgress",
+    "Running": "InProgress",
+    "Succeeded": "Current",
+    "Failed": "Failed",
+    "Suspended": "InProgress",  # Ready=False: kstatus waits; Argo CD shows it as Suspended
+}
+
+
+def test_kstatus_library_reads_every_phase_as_intended() -> None:
+    """Run Flux's own kstatus library (tests/cluster/go/kstatus) over one status per table row."""
+    import json
+    import subprocess
+
+    from tests.cluster import build
+
+    tool = build.bin_dir() / "kstatus"
+    if not tool.exists():
+        pytest.skip(f"kstatus tool not built ({tool}); build it with python -m tests.cluster build")
+    objects, wanted = [], []
+    for index, (_, changes, rj, vj, phase, _, _) in enumerate(CASES):
+        status = status_from(job(**changes), rj, vj, None, now=NOW)
+        objects.append({
+            "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob",
+            "metadata": {"name": f"case-{index}", "namespace": "ml", "generation": 3},
+            "status": {k: v for k, v in status.items() if v is not None},
+        })
+        wanted.append(KSTATUS_EXPECTED[phase])
+    refused = status_from(job(), rayjob("Running", "RUNNING"), None, None, refusal=Refusal("SpecChangeRefused", "x"),
+                          now=NOW)
+    objects.append({"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob",
+                    "metadata": {"name": "refused", "namespace": "ml", "generation": 3}, "status": refused})
+    wanted.append("Failed")
+    stale = dict(objects[6], metadata={"name": "stale", "namespace": "ml", "generation": 4})
+    objects.append(stale)  # a newer generation than observed: kstatus must not call it Current
+    wanted.append("InProgress")
+    out = subprocess.run([str(tool)], input=json.dumps(objects), capture_output=True, text=True, check=True)
+    got = [json.loads(line)["status"] for line in out.stdout.splitlines()]
+    assert got == wanted
