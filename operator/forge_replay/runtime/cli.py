@@ -126,17 +126,13 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     if model_root is None and spec.model.path:
         model_root = os.path.join(LOCAL_STATE, "models", spec.model.claim_name or "")
 
-    from forge_replay.runtime.gating import plan_rollout_side
-
-    plan = plan_rollout_side(spec.replay.mode, spec.fault_tolerance.enabled, spec.fault_tolerance.active_components)
-    if plan.start_engines:
+    if spec.replay.mode == "forge":  # fail fast, before any dump is synthesized or Ray started
         from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
 
         problem = forge_prerequisite_problem(engine_command)
         if problem:
             err(f"{file}: {problem}")
             sys.exit(EXIT_UNUSABLE)
-
     if synth_missing:
         synthesize_if_absent(job, dumps_root, err)
     elif not Path(dumps_root).is_dir():
@@ -145,19 +141,27 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
         sys.exit(EXIT_FAILED)
 
     from forge_replay.api.runtime_config import RuntimeConfig
-    from forge_replay.runtime.driver import ReplayRunError, connect_ray, local_cpus_needed, run_job
+    from forge_replay.runtime.driver import (
+        ALREADY_CONNECTED, ReplayRunError, connect_ray, local_cpus_needed, preflight, run_job,
+    )
     from forge_replay.runtime.trainer import trainer_settings
 
     config = RuntimeConfig(job=job, dumps_root=os.path.abspath(dumps_root), results_dir=os.path.abspath(results_dir),
                            model_root=os.path.abspath(model_root) if model_root else None,
                            engine_command=engine_command, progress_configmap=None)
+    try:
+        prepared = preflight(config)
+    except ReplayRunError as exc:
+        err(f"forge-replay run {file}: {exc}")
+        sys.exit(EXIT_FAILED)
     import ray
 
-    connect_ray(local=True, num_cpus=local_cpus_needed(trainer_settings(spec.trainer).world_size))
+    how = connect_ray(local=True, num_cpus=local_cpus_needed(trainer_settings(spec.trainer).world_size))
     try:
-        run_job(config, fixed_cluster=True, show_progress=not no_progress)
+        run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared)
     except ReplayRunError as exc:
         err(f"forge-replay run {file}: {exc}")
         sys.exit(EXIT_FAILED)
     finally:
-        ray.shutdown()
+        if how != ALREADY_CONNECTED:
+            ray.shutdown()

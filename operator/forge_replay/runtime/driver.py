@@ -9,12 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
-from forge_replay.runtime.gating import plan_rollout_side
+from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
 from forge_replay.runtime.report import EvalRecord, RunReport, combine_rank_results, memory_peak, summarize
 
 log = logging.getLogger(__name__)
+
+
+ALREADY_CONNECTED = "already connected"
 
 
 class ReplayRunError(RuntimeError):
@@ -24,12 +27,13 @@ class ReplayRunError(RuntimeError):
 def connect_ray(*, local: bool, num_cpus: int | None = None) -> str:
     """Join the Ray cluster (``RAY_ADDRESS``, as under a KubeRay RayJob) or start a local Ray.
 
-    ``local=True`` always starts a fresh local Ray (``forge-replay run``). Returns how it connected.
+    ``local=True`` always starts a fresh local Ray (``forge-replay run``). Returns how it connected;
+    ``"already connected"`` means the caller did not start Ray and must not shut it down.
     """
     import ray
 
     if ray.is_initialized():
-        return "already connected"
+        return ALREADY_CONNECTED
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
     if not local:
         if os.environ.get("RAY_ADDRESS"):
@@ -55,7 +59,39 @@ def _unwrap(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else exc
 
 
-def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True) -> RunReport:
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`preflight` established: the rollout-side plan and where the model comes from."""
+
+    plan: RolloutSidePlan
+    model_source: str | dict
+
+
+def preflight(config) -> Prepared:
+    """Checks that need no Ray and no trainer: forge prerequisites, dumps (``verify``), model source.
+
+    Raises :class:`ReplayRunError`; the CLI runs this before it starts Ray, so bad input fails fast.
+    """
+    from forge_replay.runtime.model import ModelError, model_source
+    from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
+
+    spec = config.job.spec
+    ft = spec.fault_tolerance
+    plan = plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components)
+    if plan.start_engines:
+        problem = forge_prerequisite_problem(config.engine_command)
+        if problem:
+            raise ReplayRunError(problem)
+    if spec.replay.verify:
+        verify_or_raise(config)
+    try:
+        return Prepared(plan, model_source(spec.model, config.model_root))
+    except ModelError as exc:
+        raise ReplayRunError(str(exc)) from None
+
+
+def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True,
+            prepared: Prepared | None = None) -> RunReport:
     """Replay ``config.job`` on the connected Ray: every rollout trained, progress published,
     the report written to ``config.results_dir``. Raises :class:`ReplayRunError` with a clear message."""
     import ray
@@ -65,28 +101,18 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from forge_replay.api.models import MemoryPeak
     from forge_replay.api.progress import ProgressReport
     from forge_replay.dumps.verify import eval_rollout_ids
-    from forge_replay.runtime.model import ModelError, model_source
     from forge_replay.runtime.placement import place_trainer
     from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
     from forge_replay.runtime.report import render_table, write_report
-    from forge_replay.runtime.rollout_manager import RolloutManager, forge_prerequisite_problem
+    from forge_replay.runtime.rollout_manager import RolloutManager
     from forge_replay.runtime.trainer import TrainerGroup, trainer_settings
 
     console = console or Console(stderr=True)
     started = time.perf_counter()
+    prepared = prepared or preflight(config)
     job, spec = config.job, config.job.spec
     replay = spec.replay
-    plan = plan_rollout_side(replay.mode, spec.fault_tolerance.enabled, spec.fault_tolerance.active_components)
-    if plan.start_engines:
-        problem = forge_prerequisite_problem(config.engine_command)
-        if problem:
-            raise ReplayRunError(problem)
-    if replay.verify:
-        verify_or_raise(config)
-    try:
-        source = model_source(spec.model, config.model_root)
-    except ModelError as exc:
-        raise ReplayRunError(str(exc)) from None
+    plan, source = prepared.plan, prepared.model_source
     settings = trainer_settings(spec.trainer)
     rollout_ids = list(range(replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts))
     eval_after = set(eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval))

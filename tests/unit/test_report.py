@@ -1,0 +1,93 @@
+"""The run report: merging ranks, the summary, the JSON, the PNG and the table."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from forge_replay.runtime.report import (
+    EvalRecord,
+    RunReport,
+    combine_rank_results,
+    memory_peak,
+    render_table,
+    summarize,
+    write_report,
+)
+
+
+def rank_result(rank, loss_sum, loss_tokens, rss, allocated=None):
+    return {
+        "rank": rank, "loss_sum": loss_sum, "loss_tokens": loss_tokens, "clipped_tokens": loss_tokens / 4,
+        "tokens": int(loss_tokens * 2), "micro_batches": 1, "grad_norm": 0.5, "seconds": 0.1,
+        "memory": {"rank": rank, "device": "cpu" if allocated is None else "cuda:0", "peak_allocated_gib": allocated,
+                   "peak_reserved_gib": None if allocated is None else allocated + 1, "peak_rss_gib": rss,
+                   "rss_reset": True},
+    }
+
+
+def batch(rollout_id, fallback=False):
+    return SimpleNamespace(rollout_id=rollout_id, num_samples=8, fallback_used=fallback,
+                           path=f"/d/rollout_{0 if fallback else rollout_id}.pt", reward_mean=0.5)
+
+
+def make_report(on_gpu=False):
+    report = RunReport(job="t", mode="debug", world_size=2, device="cpu", num_params=10, started_at="now",
+                       time_to_first_step_seconds=3.0)
+    gib = (lambda x: x) if on_gpu else (lambda x: None)
+    for step, (fallback, peaks) in enumerate([(False, (1.0, 2.0)), (True, (4.0, 3.0)), (False, (1.5, 1.0))]):
+        ranks = [rank_result(0, -3.0, 30, peaks[0], gib(peaks[0])), rank_result(1, -1.0, 10, peaks[1], gib(peaks[1]))]
+        report.rollouts.append(combine_rank_results(step, batch(step, fallback), ranks, 0.01, 1.0))
+    report.evals.append(EvalRecord(1, 1, None, True, 0, None, 0))
+    report.summary = summarize(report.rollouts, report.evals, 3.0)
+    return report
+
+
+def test_ranks_merge_into_a_token_mean_loss():
+    record = make_report().rollouts[0]
+    assert record.loss == pytest.approx(-4.0 / 40)
+    assert record.loss_tokens == 40 and record.tokens == 80
+    assert record.clip_fraction == pytest.approx(0.25)
+    assert [m["rank"] for m in record.memory] == [0, 1]
+
+
+def test_summary_counts_fallbacks_and_finds_the_peak_rank_and_step():
+    s = make_report().summary
+    assert s["fallbacks"] == 1 and s["fallback_rollout_ids"] == [1]
+    assert s["memory_peak"]["rank"] == 0 and s["memory_peak"]["step"] == 1
+    assert s["memory_peak"]["peak_allocated_gib"] == 4.0
+    assert s["data_wait_share"] == pytest.approx(0.03 / 3.03)
+    assert s["tokens_per_second"] == pytest.approx(240 / 3.0)
+    assert s["all_losses_finite"] and s["evals_missing"] == 1
+
+
+def test_gpu_peaks_use_allocated_and_report_reserved():
+    peak = memory_peak(make_report(on_gpu=True).rollouts)
+    assert peak["peak_allocated_gib"] == 4.0 and peak["peak_reserved_gib"] == 5.0
+
+
+def test_non_finite_losses_are_flagged():
+    report = make_report()
+    report.rollouts[2].loss = math.nan
+    assert summarize(report.rollouts, [], None)["all_losses_finite"] is False
+
+
+def test_json_and_png_are_written_and_the_table_shows_the_fallback(tmp_path):
+    from rich.console import Console
+
+    report = make_report()
+    files = write_report(report, tmp_path)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["summary"]["fallbacks"] == 1
+    assert [r["fallback_used"] for r in data["rollouts"]] == [False, True, False]
+    assert len(data["rollouts"][1]["memory"]) == 2
+    assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert files["plot"] == str(tmp_path / "memory.png")
+    console = Console(record=True, width=140)
+    console.print(render_table(report))
+    text = console.export_text()
+    assert "yes" in text and "rollouts [1] trained on rollout 0's dump" in text
+    assert "eval 1: MISSING dump" in text
