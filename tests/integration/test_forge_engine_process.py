@@ -76,10 +76,7 @@ def test_weight_push_checks_version_and_flushes(engine, tmp_path):
     result = push_weights_from_disk(process.url, checkpoint, "1")
     assert result.confirmed_version == "1"
     sequence = [(c["method"], c["path"]) for c in calls(rec, port) if c["path"] != "/health_generate"]
-    assert sequence == [
-        ("POST", "/pause_generation"), ("POST", "/update_weights_from_disk"), ("GET", "/get_weight_version"),
-        ("GET", "/flush_cache"), ("POST", "/continue_generation"),
-    ]
+    assert sequence == [("POST", "/update_weights_from_disk"), ("GET", "/get_weight_version"), ("GET", "/flush_cache")]
     with pytest.raises(WeightSyncError, match="refused the weights in .*nothing-here.*is not a directory"):
         push_weights_from_disk(process.url, tmp_path / "nothing-here", "2")
 

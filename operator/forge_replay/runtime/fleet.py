@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +107,7 @@ class EngineFleet:
         self.weight_versions: list[str] = []
         self.memory_held_gib: float | None = None
         self._released = False
+        self._previous_checkpoint: Path | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -242,7 +244,12 @@ class EngineFleet:
             self._released = True
 
     def after_train_step(self, step: int, weights: object) -> str:
-        """Push the new weights to every engine (recovering dead ones first under rollout FT); the version."""
+        """Push the new weights to every engine (recovering dead ones first under rollout FT); the version.
+
+        ``weights`` is a checkpoint dir written for this sync (safetensors, ``save_pretrained``), or a
+        model / tensor dict the fleet saves under ``weights_dir``. Once every engine has loaded a
+        version, the checkpoint dir of the version before is deleted: only the latest stays on disk.
+        """
         if self.monitor is not None:
             self.monitor.pause()
         if self.plan.recover_before_weight_sync:
@@ -259,6 +266,9 @@ class EngineFleet:
             lambda url: push_weights_from_disk(url, checkpoint, version, timeout_s=self.settings.push_timeout_s)
         )
         self.weight_versions.append(version)
+        if self._previous_checkpoint is not None and self._previous_checkpoint != checkpoint:
+            shutil.rmtree(self._previous_checkpoint, ignore_errors=True)
+        self._previous_checkpoint = checkpoint
         log.info("step %d: weight version %s pushed to %d engine(s) from %s", step, version, len(self.engines), checkpoint)
         self._sample_memory()
         if self.injector is not None:

@@ -1,10 +1,11 @@
 """Pushing the trainer's weights to the engines after every training step.
 
 Path used: ``POST /update_weights_from_disk`` with a checkpoint directory the trainer writes into
-storage shared with the engines (safetensors, HF ``save_pretrained`` layout). Around it, as slime
-and miles drive sglang: ``/pause_generation`` before, then ``/get_weight_version`` must answer the
-version just pushed, ``/flush_cache`` drops KV entries computed with the old weights, and
-``/continue_generation``. When the engines share the trainer's GPUs (colocate) their memory is
+storage shared with the engines (safetensors, HF ``save_pretrained`` layout), carrying the new
+``weight_version``; then ``/get_weight_version`` must answer that version, and ``/flush_cache``
+drops KV entries computed with the old weights. Replay sends no generation traffic, so there is
+nothing in flight to pause (``/pause_generation`` is not needed; sglang's update waits for
+running requests itself), and a server needs only these three endpoints plus health. When the engines share the trainer's GPUs (colocate) their memory is
 released (``/release_memory_occupation``) for training and resumed before the push.
 """
 
@@ -78,8 +79,7 @@ Caller = Callable[..., object]
 def push_weights_from_disk(
     url: str, checkpoint_dir: Path, version: str, *, timeout_s: float = 600.0, call: Caller = engine_call
 ) -> PushResult:
-    """Push one checkpoint to one engine and check it took: pause, update, version, flush, continue."""
-    call(url, "/pause_generation", method="POST", body={"mode": "abort"}, timeout_s=timeout_s)
+    """Push one checkpoint to one engine and check it took: update, read the version back, flush."""
     try:
         answer = call(
             url,
@@ -102,7 +102,6 @@ def push_weights_from_disk(
             f"{checkpoint_dir}: the push did not take"
         )
     call(url, "/flush_cache", timeout_s=timeout_s)
-    call(url, "/continue_generation", method="POST", body={}, timeout_s=timeout_s)
     return PushResult(url, version, confirmed)
 
 
