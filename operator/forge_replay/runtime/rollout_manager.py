@@ -105,10 +105,28 @@ class RolloutManager:
         problem = forge_prerequisite_problem(self.engine_command)
         if problem:
             raise RuntimeError(problem)
-        raise RuntimeError(
-            "replay.mode forge: the engine fleet is not wired into the rollout manager in this build yet; "
-            "use replay.mode: debug"
-        )
+        import os
+        import tempfile
+
+        from forge_replay.runtime.fleet import EngineFleet
+
+        work_dir = (os.path.join(self.results_dir, "engines") if self.results_dir
+                    else tempfile.mkdtemp(prefix="forge-replay-engines-"))
+        fleet = EngineFleet.from_job(self.job, engine_command=self.engine_command, model_root=self.model_root,
+                                     work_dir=work_dir, plan=self.plan)
+        self.engine_side = fleet
+        self.construction_log.append("engines")
+        try:
+            fleet.start()
+        except BaseException:
+            fleet.shutdown()  # no engine may outlive a failed start
+            raise
+        if fleet.router is not None:
+            self.construction_log.append("router")
+        if fleet.monitor is not None:
+            self.construction_log.append("health_monitor")
+        if fleet.injector is not None:
+            self.construction_log.append("fault_injector")
 
     # -- queries used by tests and the driver ---------------------------------------------------
     def get_plan(self) -> RolloutSidePlan:
@@ -126,6 +144,8 @@ class RolloutManager:
         from forge_replay.dumps.convert import to_train_data
 
         started = time.perf_counter()
+        if self.engine_side is not None:
+            self.engine_side.before_generate(rollout_id)
         replayed = self.source.load_train(rollout_id)
         trainer, replay = self.job.spec.trainer, self.job.spec.replay
         data = to_train_data(
@@ -177,12 +197,26 @@ class RolloutManager:
         checkpoint dir) to the engines. Debug mode has no engines: nothing happens."""
         if self.engine_side is None:
             return
+        self.engine_side.after_train_step(step, weights)
+
+    def before_train_step(self, step: int) -> None:
+        """Called before a training step when engines are colocated: they release their GPU memory."""
+        if self.engine_side is None:
+            return
+        self.engine_side.before_train_step(step)
+
+    def engine_report(self) -> dict | None:
+        """The engines' part of the run report (count, restarts, weight versions, memory held); None in debug."""
+        return None if self.engine_side is None else self.engine_side.report()
 
     def before_eval(self, eval_id: int) -> None:
         """Called before each eval: forge mode lets the eval fleet probe itself when no monitor runs."""
         if self.engine_side is None:
             return
+        self.engine_side.before_eval(eval_id)
 
     def shutdown(self) -> None:
         """Stop everything this manager started (engines, router, monitors)."""
+        if self.engine_side is not None:
+            self.engine_side.shutdown()
         self.engine_side = None
