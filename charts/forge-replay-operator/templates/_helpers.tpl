@@ -1,0 +1,84 @@
+{{/* Full name of the release's objects, at most 63 characters. */}}
+{{- define "forge-replay-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "forge-replay-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "forge-replay-operator.labels" -}}
+{{ include "forge-replay-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: forge-replay
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "forge-replay-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "forge-replay-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest when a digest is set. Call with (list $image $context). */}}
+{{- define "forge-replay-operator.image" -}}
+{{- $image := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The permissions the operator uses in a namespace it watches: exactly the verbs and resources listed
+in docs/operator.md (one rule list for the ClusterRole and for every namespaced Role).
+*/}}
+{{- define "forge-replay-operator.rules" -}}
+# ForgeReplayJobs: watched by kopf, which patches its own annotations (progress, finalizer).
+- apiGroups: ["forgereplay.io"]
+  resources: ["forgereplayjobs"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["forgereplay.io"]
+  resources: ["forgereplayjobs/status"]
+  verbs: ["get", "patch"]
+# The RayJob of each ForgeReplayJob (suspend/resume patch it); deletion goes through owner references.
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The dump-verification Job and the pods whose output becomes the DumpsVerified message.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# The job config and the progress ConfigMap the runtime publishes into. The operator must itself hold
+# get/patch on configmaps to grant them to the runtime's Role (RBAC forbids escalation).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# The runtime pods' ServiceAccount, Role and RoleBinding (get/patch of the one progress ConfigMap).
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create"]
+# Events on each phase transition (the reconciler's and kopf's own).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
