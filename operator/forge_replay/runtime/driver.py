@@ -157,6 +157,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 waited = time.perf_counter()
                 batch = ray.get(next_batch)
                 data_wait = time.perf_counter() - waited
+                if plan.start_engines and spec.rollout.colocate:  # before the prefetch: it would queue behind it
+                    ray.get(manager.before_train_step.remote(step))  # engines release the shared GPUs
                 if step + 1 < len(rollout_ids):
                     next_batch = manager.get_rollout.remote(rollout_ids[step + 1])  # prefetch
                 if batch.fallback_used:
@@ -183,6 +185,11 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         raise ReplayRunError(f"{type(cause).__name__}: {cause}" if cause is not exc else str(exc)) from None
     finally:
         report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
+        if manager is not None and plan.start_engines:
+            try:
+                report.engines = ray.get(manager.engine_report.remote(), timeout=60)
+            except Exception as exc:  # noqa: BLE001 - the manager may have died with the error being raised
+                log.warning("no engine report: %s", exc)
         if config.results_dir and report.rollouts:
             snapshots = report.files.get("memory_snapshots")
             write_report(report, config.results_dir)

@@ -60,6 +60,9 @@ class RunReport:
     evals: list[EvalRecord] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
+    engines: dict | None = None
+    """forge mode: engine count, restarts, weight versions, health/eval probes, GPU memory held
+    (``forge_replay.runtime.fleet.EngineFleet.report``); None in debug mode."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -227,6 +230,20 @@ def render_table(report: RunReport):
             f"eval {e.eval_id}: " + ("MISSING dump (empty result)" if e.missing
                                       else f"{e.num_samples} samples, reward mean {e.reward_mean}, truncated {e.truncated}")
         )
+    if report.engines:
+        lines.append(engines_line(report.engines))
     if report.files:
         lines.append(f"report: {report.files.get('report')}  plot: {report.files.get('plot')}")
     return Group(table, *(Text(line) for line in lines))
+
+
+def engines_line(engines: dict) -> str:
+    """One line on the forge-mode engines for the table."""
+    versions = engines.get("weight_versions") or []
+    memory = engines.get("memory_held_gib")
+    return (
+        f"engines {engines.get('engines', 0)}, restarts {engines.get('restarts', 0)}, "
+        f"weight versions {versions[0] + '..' + versions[-1] if versions else 'none pushed'}"
+        + (f", GPU memory held {memory:.2f} GiB" if memory is not None else "")
+        + f", health monitors {engines.get('health_monitors', 0)}, router: {engines.get('router')}"
+    )
