@@ -1,0 +1,137 @@
+"""`forge-replay run` in forge mode end to end, as a user runs it: a subprocess with its own local Ray,
+the sglang HTTP test double as ``--engine-command``, a tiny model on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
+    "max_position_embeddings": 256,
+}
+
+
+def job_file(tmp_path: Path, mode: str = "forge", ft: dict | None = None, rollouts: int = 3, eval_interval: int = 0) -> Path:
+    spec: dict = {
+        "replay": {"mode": mode, "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt"},
+                   "numRollouts": rollouts, "evalInterval": eval_interval},
+        "model": {"config": TINY_LLAMA},
+        "trainer": {"gpusPerNode": 0, "microBatchTokens": 1024, "gradientCheckpointing": False, "dtype": "float32",
+                    "nSamplesPerPrompt": 4},
+    }
+    if mode == "forge":
+        spec["rollout"] = {"numGpus": 2, "numGpusPerEngine": 1, "engineArgs": {"mem-fraction-static": "0.5"}}
+    if ft is not None:
+        spec["faultTolerance"] = ft
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob",
+                                    "metadata": {"name": f"{mode}-run"}, "spec": spec}))
+    return path
+
+
+def forge_replay_run(tmp_path: Path, job: Path, *, engine_command: bool = True, env: dict | None = None):
+    argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--synth-missing", "--no-progress",
+            "--dumps-root", str(tmp_path / "dumps"), "--results", str(tmp_path / "results")]
+    if engine_command:
+        argv += ["--engine-command", f"{sys.executable} {DOUBLE} --record-dir {tmp_path / 'double'}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, **(env or {})})
+
+
+def records(tmp_path: Path) -> dict[int, dict]:
+    """Per engine port: its starts, calls and whether it was stopped."""
+    out = {}
+    directory = tmp_path / "double"
+    for start in sorted(directory.glob("starts-*.jsonl")) if directory.exists() else []:
+        port = int(start.stem.split("-")[1])
+        calls = directory / f"calls-{port}.jsonl"
+        out[port] = {
+            "starts": [json.loads(line) for line in start.read_text().splitlines()],
+            "calls": [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else [],
+            "stopped": (directory / f"stop-{port}.json").exists(),
+        }
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def pushed_versions(engine: dict) -> list[str]:
+    return [c["body"]["weight_version"] for c in engine["calls"] if c["path"] == "/update_weights_from_disk"]
+
+
+def test_forge_run_keeps_engines_alive_pushes_every_step_and_stops_them(tmp_path):
+    result = forge_replay_run(tmp_path, job_file(tmp_path, rollouts=3, eval_interval=3))
+    assert result.returncode == 0, result.stderr[-3000:]
+    engines = records(tmp_path)
+    assert len(engines) == 2
+    for engine in engines.values():
+        paths = [c["path"] for c in engine["calls"]]
+        assert paths[0] == "/health_generate"  # health-checked before the run uses it
+        assert pushed_versions(engine) == ["1", "2", "3"]  # one push per training step, advancing
+        assert paths.count("/get_weight_version") == 3 and paths.count("/flush_cache") == 3
+        assert paths.count("/health_generate") == 2  # start + the eval fleet's self-probe (no FT)
+        assert engine["starts"][0]["unknown"] == ["--mem-fraction-static", "0.5"]
+        last_call = engine["calls"][-1]["time"]
+        assert engine["stopped"] and not pid_alive(engine["starts"][0]["pid"])
+        stop = json.loads((tmp_path / "double" / f"stop-{engine['starts'][0]['known']['port']}.json").read_text())
+        assert stop["time"] >= last_call  # up until the run ended, stopped afterwards
+    report = json.loads((tmp_path / "results" / "report.json").read_text())
+    assert report["engines"]["engines"] == 2 and report["engines"]["weight_versions"] == ["1", "2", "3"]
+    assert report["engines"]["restarts"] == 0 and report["engines"]["eval_self_probes"] == 2
+    assert "engines 2, restarts 0, weight versions 1..3" in result.stdout + result.stderr
+
+
+def test_forge_run_with_rollout_ft_recovers_an_engine_killed_mid_run(tmp_path):
+    ft = {"enabled": True, "components": ["rollout"], "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2}}
+    result = forge_replay_run(tmp_path, job_file(tmp_path, ft=ft, rollouts=3),
+                              env={"FORGE_REPLAY_INJECT_FAULTS": "kill-engine:step=0,engine=1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "results" / "report.json").read_text())["engines"]
+    assert report["faults_injected"] == ["kill-engine:step=0,engine=1"]
+    assert report["restarts_by_engine"] == [0, 1] and report["health_monitors"] == 1
+    engines = records(tmp_path)
+    restarted = [e for e in engines.values() if len(e["starts"]) == 2]
+    assert len(restarted) == 1
+    assert not pid_alive(restarted[0]["starts"][0]["pid"])  # the killed one stayed dead; a new one took over
+    for engine in engines.values():
+        assert pushed_versions(engine)[-1] == "3"  # the recovered engine caught up with the latest weights
+        assert engine["stopped"] and not any(pid_alive(s["pid"]) for s in engine["starts"])
+
+
+def test_debug_run_with_train_ft_never_starts_an_engine_process(tmp_path):
+    ft = {"enabled": True, "components": ["train"]}
+    result = forge_replay_run(tmp_path, job_file(tmp_path, mode="debug", ft=ft, rollouts=2))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "double").exists()  # not one engine process, even with --engine-command given
+    assert json.loads((tmp_path / "results" / "report.json").read_text())["engines"] is None
+
+
+def test_forge_run_without_sglang_or_engine_command_fails_fast(tmp_path):
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("sglang is installed here: forge mode can start engines without --engine-command")
+    result = forge_replay_run(tmp_path, job_file(tmp_path), engine_command=False)
+    assert result.returncode == 2
+    assert "sglang is not installed" in result.stderr and "--engine-command" in result.stderr
+    assert not (tmp_path / "results").exists()
