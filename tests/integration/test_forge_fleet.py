@@ -246,3 +246,28 @@ def test_engines_that_never_get_healthy_fail_the_start_and_leave_nothing_behind(
         fleet.start()
     fleet.shutdown()
     assert records.ports() == []
+
+
+def test_colocated_engines_release_memory_for_training_and_resume_before_the_push(tmp_path):
+    """colocate needs GPUs in a valid spec; the release/resume sequence itself is checked here on CPU."""
+    import dataclasses
+
+    fleet, records = new_fleet(make_job(True, ["rollout"], engines=1), tmp_path)
+    fleet.settings = dataclasses.replace(fleet.settings, colocate=True)
+    fleet.start()
+    try:
+        url = fleet.report()["urls"][0]
+        fleet.before_generate(0)
+        fleet.before_train_step(0)
+        assert fleet.monitor.paused  # a released engine answers 503: the monitor must not probe it
+        with pytest.raises(Exception, match="503"):
+            engine_call(url, "/health_generate")
+        time.sleep(1.5)  # a monitor interval passes while training
+        fleet.after_train_step(0, weights(0))
+        assert fleet.report()["health_failures"] == 0 and fleet.report()["restarts"] == 0
+        port = int(url.rsplit(":", 1)[1])
+        paths = [p for p in records.paths(port) if p not in ("/health_generate", "/_double/health")]
+        assert paths == ["/release_memory_occupation", "/resume_memory_occupation", "/update_weights_from_disk",
+                         "/get_weight_version", "/flush_cache"]
+    finally:
+        fleet.shutdown()

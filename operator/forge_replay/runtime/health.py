@@ -68,7 +68,8 @@ class HealthMonitor:
         self.resume()
 
     def pause(self) -> None:
-        """Stop probing until :meth:`resume` (offload, weight sync); returns after any probe in flight."""
+        """Stop probing until :meth:`resume` (offload, weight sync); returns once no probe (or the stop
+        of a failed engine) is under way."""
         with self._lock:
             self._paused = True
             self._wake.notify_all()
@@ -115,22 +116,24 @@ class HealthMonitor:
 
     def _sweep(self, generation: int) -> bool:
         for index, url in list(self._targets()):
+            # Probe and stop under one lock: pause() returns only once no probe or stop is under way,
+            # so a weight sync never races a monitor killing an engine it is about to push to.
             with self._probing:
                 with self._lock:
                     if self._stopping or self._paused or self._resumed_at_generation != generation:
                         return False
                     self.counters.probes += 1
                 problem = self._probe(url, self.timeout_s)
-            if problem is None:
-                continue
-            with self._lock:
-                if self._paused or self._stopping:
-                    return False  # paused meanwhile (e.g. memory released): not a health failure
-                self.counters.failures += 1
-                self.counters.engines_stopped.append(index)
-            log.error(
-                "health monitor %s: engine %d at %s failed its health check (%s); stopping it",
-                self.group, index, url, problem,
-            )
-            self._stop_engine(index, problem)
+                if problem is None:
+                    continue
+                with self._lock:
+                    if self._paused or self._stopping:
+                        return False  # paused meanwhile (e.g. memory released): not a health failure
+                    self.counters.failures += 1
+                    self.counters.engines_stopped.append(index)
+                log.error(
+                    "health monitor %s: engine %d at %s failed its health check (%s); stopping it",
+                    self.group, index, url, problem,
+                )
+                self._stop_engine(index, problem)
         return True
