@@ -136,12 +136,54 @@ def test_missing_storage_record_is_reported(tmp_path):
     path = tmp_path / "t.pt"
     torch.save({"x": torch.arange(4)}, path)
     broken = tmp_path / "broken.pt"
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(broken, "w", zipfile.ZIP_STORED) as dst:
-        for info in src.infolist():
-            if "/data/" not in info.filename:
-                dst.writestr(info.filename, src.read(info))
+    _rewrite_zip(path, broken, lambda name, data: None if "/data/" in name else data)
     with pytest.raises(DumpError, match="missing from the archive"):
         safe_load(broken)
+
+
+def _rewrite_zip(src_path, dst_path, change) -> None:
+    """Copy a torch zip archive, passing each (name, data) through ``change`` (None drops it)."""
+    with zipfile.ZipFile(src_path) as src, zipfile.ZipFile(dst_path, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = change(info.filename, src.read(info))
+            if data is not None:
+                dst.writestr(info.filename, data)
+
+
+def test_storage_size_mismatch_is_refused_before_reading(tmp_path):
+    path = tmp_path / "t.pt"
+    torch.save({"x": torch.arange(4)}, path)
+    short = tmp_path / "short.pt"
+    _rewrite_zip(path, short, lambda name, data: data[:8] if "/data/" in name else data)
+    with pytest.raises(DumpError, match="has 8 bytes, the pickle expects 32"):
+        safe_load(short)
+
+
+def test_big_endian_dump_is_byteswapped(tmp_path):
+    path = tmp_path / "t.pt"
+    torch.save({"x": torch.tensor([1, 256, -2], dtype=torch.int32)}, path)
+    swapped = tmp_path / "big.pt"
+
+    def to_big_endian(name, data):
+        if name.endswith("/byteorder"):
+            return b"big"
+        if "/data/" in name:
+            return torch.frombuffer(bytearray(data), dtype=torch.int32).numpy().byteswap().tobytes()
+        return data
+
+    _rewrite_zip(path, swapped, to_big_endian)
+    assert safe_load(swapped)["x"].tolist() == [1, 256, -2]
+
+
+def test_packed_rest_section_is_loaded_safely(tmp_path):
+    marker = tmp_path / "pwned"
+    dicts = [s.to_dict() for s in slime_samples(n_groups=1, group_size=2)]
+    dicts[0]["metadata"] = {"x": _RunsCode(os.system, f"touch {marker}")}
+    path = tmp_path / "evil.pack"
+    write_packed(str(path), 0, dicts)
+    with pytest.raises(DumpError, match="posix.system"):
+        load(path)
+    assert not marker.exists()
 
 
 def test_garbage_and_wrong_shapes(tmp_path):

@@ -149,7 +149,7 @@ class _SafeUnpickler(pickle.Unpickler):
         if cached is not None and cached.dtype == dtype:
             return cached
         nbytes = numel * torch._utils._element_size(dtype)
-        untyped = self._storage_reader.read_storage(key, nbytes)
+        untyped = self._storage_reader.read_storage(key, nbytes, dtype)
         typed = torch.storage.TypedStorage(wrap_storage=untyped, dtype=dtype, _internal=True)
         self._storages[key] = typed
         return typed
@@ -166,14 +166,18 @@ class _ZipStorageReader:
             order = reader.get_record("byteorder").decode()
             self._swap = order != sys.byteorder
 
-    def read_storage(self, key: str, nbytes: int) -> torch.UntypedStorage:
+    def read_storage(self, key: str, nbytes: int, dtype: torch.dtype) -> torch.UntypedStorage:
         name = f"data/{key}"
         if not self._reader.has_record(name):
             raise pickle.UnpicklingError(f"storage record {name!r} is missing from the archive")
+        # Check the size before reading, so a lying header cannot make us allocate a huge buffer.
+        size = self._reader.get_record_size(name)
+        if size != nbytes:
+            raise pickle.UnpicklingError(f"storage record {name!r} has {size} bytes, the pickle expects {nbytes}")
         storage = self._reader.get_storage_from_record(name, nbytes, torch.UntypedStorage)
         untyped = storage._typed_storage()._untyped_storage
-        if untyped.nbytes() != nbytes:
-            raise pickle.UnpicklingError(f"storage record {name!r} has {untyped.nbytes()} bytes, expected {nbytes}")
+        if self._swap:  # written on a machine of the other byte order
+            untyped.byteswap(dtype)
         return untyped
 
 

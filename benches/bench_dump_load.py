@@ -1,0 +1,147 @@
+"""Dump loading: forge-replay's safe loader against torch.load, the packed format and a raw read.
+
+Writes slime-format synthetic dumps (Python lists of token ids and log probs, as slime dumps
+hold them) and times each way of reading them back, best of --repeats (page cache warm).
+
+    python benches/bench_dump_load.py                 # 30 MB dump
+    python benches/bench_dump_load.py --size 300mb    # also the 300 MB dump (slow; needs ~6 GiB RAM)
+    python benches/bench_dump_load.py --size all --skip-weights-only
+
+Prints one line per method and a JSON summary (--json FILE to keep it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+from forge_replay.dumps import load, safe_load, save
+from forge_replay.dumps.packed import open_packed, write_packed
+from forge_replay.dumps.sample import Sample
+
+# name -> (samples, prompt_len, response_len); vocab 151k (Qwen-sized), so ids pickle as 5-byte ints.
+SIZES = {
+    "30mb": (256, 1024, 11000),
+    "300mb": (1024, 4096, 26000),
+}
+VOCAB = 151_936
+
+
+def make_samples(samples: int, prompt_len: int, response_len: int, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(samples):
+        prompt = [rng.randrange(VOCAB) for _ in range(prompt_len)]
+        length = rng.randint(response_len // 2, response_len)  # ragged, as real rollouts
+        out.append(
+            Sample(
+                group_index=i // 8,
+                index=i,
+                prompt="bench",
+                tokens=prompt + [rng.randrange(VOCAB) for _ in range(length)],
+                response_length=length,
+                reward=float(rng.random() < 0.5),
+                rollout_log_probs=[-rng.random() for _ in range(length)],
+                status=Sample.Status.COMPLETED,
+            )
+        )
+    return out
+
+
+def timed(fn) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    result = fn()
+    seconds = time.perf_counter() - start
+    del result
+    return seconds
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def bench_size(name: str, workdir: str, repeats: int, skip_weights_only: bool) -> dict:
+    samples, prompt_len, response_len = SIZES[name]
+    path = os.path.join(workdir, f"rollout_{name}.pt")
+    packed = os.path.join(workdir, f"rollout_{name}.pack")
+    print(f"[{name}] writing {samples} samples x ({prompt_len} + <= {response_len}) tokens ...", flush=True)
+    sample_objs = make_samples(samples, prompt_len, response_len)
+    save(path, 0, sample_objs)
+    write_packed(packed, 0, [s.to_dict() for s in sample_objs])
+    del sample_objs
+    gc.collect()
+    size_mb = os.path.getsize(path) / 1e6
+    methods = {
+        "raw read of the bytes": lambda: read_bytes(path),
+        "torch.load(weights_only=False) (unsafe)": lambda: torch.load(path, weights_only=False),
+        "forge-replay safe_load (dict)": lambda: safe_load(path),
+        "forge-replay load (Samples)": lambda: load(path),
+        "packed: open (mmap arrays)": lambda: open_packed(packed),
+        "packed: load (Samples)": lambda: load(packed),
+    }
+    if not skip_weights_only:
+        methods["torch.load(weights_only=True)"] = lambda: torch.load(path, weights_only=True)
+    read_bytes(path), read_bytes(packed)  # warm the page cache
+    # Methods are interleaved within each round, so load on a shared machine hits them alike; best round wins.
+    results: dict[str, float] = {}
+    for round_index in range(repeats):
+        for label, fn in methods.items():
+            if "weights_only=True" in label and round_index > 0 and name != "30mb":
+                continue  # minutes per run on big dumps: once is enough
+            seconds = timed(fn)
+            results[label] = min(seconds, results.get(label, seconds))
+    for label, seconds in results.items():
+        print(f"[{name}] {label:42} {seconds:8.3f} s", flush=True)
+    reference = results["torch.load(weights_only=False) (unsafe)"]
+    ratio = results["forge-replay safe_load (dict)"] / reference
+    print(f"[{name}] file {size_mb:.1f} MB; safe_load / torch.load(weights_only=False) = {ratio:.2f}x", flush=True)
+    return {
+        "size": name,
+        "file_mb": round(size_mb, 1),
+        "packed_mb": round(os.path.getsize(packed) / 1e6, 1),
+        "samples": samples,
+        "repeats": repeats,
+        "seconds": {k: round(v, 4) for k, v in results.items()},
+        "safe_over_torch_load": round(ratio, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=[*SIZES, "all"], default="30mb")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-weights-only", action="store_true", help="weights_only=True is slow on big dumps")
+    parser.add_argument("--workdir", default=None, help="Where to write the dumps (default: a temp dir).")
+    parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
+    args = parser.parse_args()
+    sizes = list(SIZES) if args.size == "all" else [args.size]
+    with tempfile.TemporaryDirectory(dir=args.workdir) as workdir:
+        results = [bench_size(name, workdir, args.repeats, args.skip_weights_only) for name in sizes]
+    summary = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "results": results,
+    }
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(summary, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
