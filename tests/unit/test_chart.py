@@ -99,6 +99,13 @@ def test_rendered_crd_is_the_generated_crd_with_keep_policy() -> None:
     assert rendered == generated, "the chart's CRD template changed the CRD beyond the keep annotation"
 
 
+def test_crd_takes_extra_annotations_but_always_keeps() -> None:
+    sync = {"argocd.argoproj.io/sync-options": "ServerSideApply=true,Prune=false"}
+    rendered = only(render_chart({"crds": {"install": True, "annotations": sync}}), "CustomResourceDefinition")
+    assert rendered["metadata"]["annotations"] == {**sync, **KEEP}
+    assert "helm.sh/resource-policy" in render_error({"crds": {"annotations": {"helm.sh/resource-policy": "delete"}}})
+
+
 def test_crd_can_be_left_out() -> None:
     assert find(render_chart({"crds": {"install": False}}), "CustomResourceDefinition") == []
 
@@ -280,7 +287,7 @@ def test_rbac_can_be_left_to_the_cluster_admin() -> None:
     ({"metrics": {"serviceMonitor": {"enabled": True, "interval": "often"}}}, "/metrics/serviceMonitor/interval"),
     ({"resources": {"requests": {"gpu": 1}}}, "additional properties 'gpu' not allowed"),
     ({"crds": {"install": "yes"}}, "/crds/install"),
-    ({"crds": {"install": True, "keep": False}}, "additional properties 'keep' not allowed"),
+    ({"crds": {"install": True, "annotations": {}, "keep": False}}, "additional properties 'keep' not allowed"),
     ({"operator": {"watchServerTimeoutSeconds": 0}}, "/operator/watchServerTimeoutSeconds"),
     ({"health": {"port": 9090}}, "health.port and metrics.port are both 9090"),
     ({"serviceAccount": {"create": False}}, "serviceAccount.name is required"),
