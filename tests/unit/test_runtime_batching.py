@@ -87,6 +87,13 @@ def test_inconsistent_samples_name_the_index_and_field(data, message):
         build_micro_batch(data, [0])
 
 
+def test_token_ids_outside_the_vocabulary_are_named():
+    data = train_data([[1, 2, 300, 4]], [2])
+    with pytest.raises(BatchError, match=r"sample 0: tokens holds id 300, outside the model's vocabulary \[0, 128\)"):
+        build_micro_batch(data, [0], vocab_size=128)
+    assert build_micro_batch(data, [0], vocab_size=301).num_tokens == 4
+
+
 def test_a_packed_sequence_scores_each_sample_as_if_alone():
     from forge_replay.runtime.loss import token_log_probs
     from forge_replay.runtime.model import build_model

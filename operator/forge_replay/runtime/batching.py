@@ -92,8 +92,12 @@ def dummy_micro_batch() -> MicroBatch:
     )
 
 
-def build_micro_batch(train_data, indices: Sequence[int]) -> MicroBatch:
-    """Pack the samples ``indices`` of a ``TrainData`` into one :class:`MicroBatch`."""
+def build_micro_batch(train_data, indices: Sequence[int], vocab_size: int | None = None) -> MicroBatch:
+    """Pack the samples ``indices`` of a ``TrainData`` into one :class:`MicroBatch`.
+
+    With ``vocab_size``, a token id outside the model's vocabulary is an error naming the sample
+    (instead of an index error deep inside the embedding).
+    """
     if not indices:
         return dummy_micro_batch()
     ids, pos, mask, adv, old, has_old = [], [], [], [], [], []
@@ -120,7 +124,14 @@ def build_micro_batch(train_data, indices: Sequence[int]) -> MicroBatch:
                 raise BatchError(f"sample {i}: rollout_log_probs has {len(sample_lp)} entries, expected response_length {r}")
             sample_old[n - r :] = np.asarray(sample_lp, dtype=np.float32)
             sample_has_old[n - r :] = 1.0
-        ids.append(np.asarray(tokens, dtype=np.int64))
+        sample_ids = np.asarray(tokens, dtype=np.int64)
+        if vocab_size is not None and n and (sample_ids.max() >= vocab_size or sample_ids.min() < 0):
+            bad = int(sample_ids.max() if sample_ids.max() >= vocab_size else sample_ids.min())
+            raise BatchError(
+                f"sample {i}: tokens holds id {bad}, outside the model's vocabulary [0, {vocab_size}) "
+                f"(spec.model vocab_size); the dumps were made with another tokenizer or the model config is too small"
+            )
+        ids.append(sample_ids)
         pos.append(np.arange(n, dtype=np.int64))
         mask.append(sample_mask)
         adv.append(np.full(n, float(train_data.advantages[i]), dtype=np.float32))

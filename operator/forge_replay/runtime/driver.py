@@ -65,6 +65,7 @@ class Prepared:
 
     plan: RolloutSidePlan
     model_source: str | dict
+    vocab_size: int | None
 
 
 def preflight(config) -> Prepared:
@@ -72,7 +73,7 @@ def preflight(config) -> Prepared:
 
     Raises :class:`ReplayRunError`; the CLI runs this before it starts Ray, so bad input fails fast.
     """
-    from forge_replay.runtime.model import ModelError, model_source
+    from forge_replay.runtime.model import ModelError, model_source, vocab_size_of
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
 
     spec = config.job.spec
@@ -85,7 +86,8 @@ def preflight(config) -> Prepared:
     if spec.replay.verify:
         verify_or_raise(config)
     try:
-        return Prepared(plan, model_source(spec.model, config.model_root))
+        source = model_source(spec.model, config.model_root)
+        return Prepared(plan, source, vocab_size_of(source))
     except ModelError as exc:
         raise ReplayRunError(str(exc)) from None
 
@@ -140,7 +142,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         except PlacementError as exc:
             raise ReplayRunError(str(exc)) from None
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
-            job, config.dumps_root, world_size=settings.world_size, engine_command=config.engine_command,
+            job, config.dumps_root, world_size=settings.world_size, vocab_size=prepared.vocab_size,
+            engine_command=config.engine_command,
             model_root=config.model_root, results_dir=config.results_dir,
         )
         next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts

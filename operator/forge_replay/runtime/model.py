@@ -61,6 +61,15 @@ def model_source(model_spec, model_root: str | None) -> str | dict:
     return path
 
 
+def vocab_size_of(source: str | dict) -> int | None:
+    """The model's vocabulary size from its config dict or its checkpoint's config.json."""
+    if isinstance(source, dict):
+        return getattr(config_from_dict(source), "vocab_size", None)
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(source), "vocab_size", None)
+
+
 def build_model(source: str | dict, *, seed: int, gradient_checkpointing: bool):
     """Instantiate the causal LM in float32 on CPU (FSDP keeps float32 master weights and
     computes in the trainer dtype). Every rank builds the same weights from ``seed``."""

@@ -17,10 +17,14 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from forge_replay.runtime.batching import build_micro_batch, plan_step
+from forge_replay.runtime.batching import BatchError, build_micro_batch, plan_step
 from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
 
 log = logging.getLogger(__name__)
+
+
+class RolloutDataError(ValueError):
+    """A replayed rollout cannot be trained on: names the rollout, the dump file, the sample and field."""
 
 
 @dataclass
@@ -72,6 +76,7 @@ class RolloutManager:
         dumps_root: str,
         *,
         world_size: int,
+        vocab_size: int | None = None,
         engine_command: str | None = None,
         model_root: str | None = None,
         results_dir: str | None = None,
@@ -82,6 +87,7 @@ class RolloutManager:
         spec = job.spec
         self.job = job
         self.world_size = world_size
+        self.vocab_size = vocab_size
         self.micro_batch_tokens = spec.trainer.micro_batch_tokens
         self.engine_command = engine_command
         self.model_root = model_root
@@ -141,6 +147,7 @@ class RolloutManager:
     # -- data -----------------------------------------------------------------------------------
     def get_rollout(self, rollout_id: int) -> RolloutBatch:
         """Load rollout ``rollout_id`` (fallback counted), convert it, split and pack it."""
+        from forge_replay.dumps import SampleError
         from forge_replay.dumps.convert import to_train_data
 
         started = time.perf_counter()
@@ -148,17 +155,20 @@ class RolloutManager:
             self.engine_side.before_generate(rollout_id)
         replayed = self.source.load_train(rollout_id)
         trainer, replay = self.job.spec.trainer, self.job.spec.replay
-        data = to_train_data(
-            replayed.samples,
-            n_samples_per_prompt=trainer.n_samples_per_prompt,
-            normalize_std=trainer.normalize_advantage_std,
-            reward_key=replay.reward_key,
-        )
-        lengths = [len(t) for t in data.tokens]
-        rank_batches = [
-            [build_micro_batch(data, indices) for indices in micro_batches]
-            for micro_batches in plan_step(lengths, self.world_size, self.micro_batch_tokens)
-        ]
+        try:
+            data = to_train_data(
+                replayed.samples,
+                n_samples_per_prompt=trainer.n_samples_per_prompt,
+                normalize_std=trainer.normalize_advantage_std,
+                reward_key=replay.reward_key,
+            )
+            lengths = [len(t) for t in data.tokens]
+            rank_batches = [
+                [build_micro_batch(data, indices, self.vocab_size) for indices in micro_batches]
+                for micro_batches in plan_step(lengths, self.world_size, self.micro_batch_tokens)
+            ]
+        except (SampleError, BatchError) as exc:
+            raise RolloutDataError(f"rollout {rollout_id}, dump {replayed.path}: {exc}") from None
         if self.use_object_store:
             import ray
 
