@@ -44,6 +44,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--startup-delay", type=float, default=0.0, help="seconds to wait before listening (double only)"
     )
+    parser.add_argument(
+        "--missing-endpoint", action="append", default=[],
+        help="answer 404 on this path, like a minimal stand-in server (double only; repeatable)",
+    )
+    parser.add_argument(
+        "--pin-weight-version", action="store_true",
+        help="accept weight updates but never change the reported version (double only)",
+    )
     return parser.parse_known_args(argv)
 
 
@@ -118,7 +126,7 @@ def make_handler(state: DoubleState) -> type[BaseHTTPRequestHandler]:
         def _dispatch(self, method: str, body: object) -> None:
             path = self.path.split("?", 1)[0]
             state.record_call(method, path, body)
-            handler = ROUTES.get(path)
+            handler = None if path in state.args.missing_endpoint else ROUTES.get(path)
             if handler is None:
                 self._send(404, {"error": f"the sglang double does not implement {method} {path}"})
                 return
@@ -155,7 +163,7 @@ def _update_weights_from_disk(state: DoubleState, body: dict) -> tuple[int, obje
     if state.memory_released:
         return 400, {"success": False, "message": "memory released: resume it before updating weights"}
     state.model_path = model_path
-    if body.get("weight_version") is not None:
+    if body.get("weight_version") is not None and not state.args.pin_weight_version:
         state.weight_version = str(body["weight_version"])
     return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
 

@@ -44,19 +44,46 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-@pytest.fixture
-def engine(tmp_path):
+def start_double(tmp_path: Path, *double_args: str) -> tuple[EngineProcess, int]:
     port = free_port()
     model = ModelSource(str(tmp_path), "dummy", from_config=True)
     argv = build_engine_argv(
-        [sys.executable, str(DOUBLE), "--record-dir", str(tmp_path / "rec")],
+        [sys.executable, str(DOUBLE), "--record-dir", str(tmp_path / "rec"), *double_args],
         host="127.0.0.1", port=port, model=model, tp_size=1, engine_args={"context-length": "128"},
     )
-    process = EngineProcess(argv, f"http://127.0.0.1:{port}", tmp_path / "engine.log")
+    process = EngineProcess(argv, f"http://127.0.0.1:{port}", tmp_path / f"engine-{port}.log")
     process.start()
     process.wait_healthy(30)
+    return process, port
+
+
+@pytest.fixture
+def engine(tmp_path):
+    process, port = start_double(tmp_path)
     yield process, port, tmp_path / "rec"
     process.stop()
+
+
+def test_a_server_without_the_check_endpoints_is_pushed_to_and_the_gap_reported(tmp_path):
+    process, port = start_double(tmp_path, "--missing-endpoint", "/get_weight_version",
+                                 "--missing-endpoint", "/flush_cache")
+    try:
+        checkpoint = write_versioned_checkpoint({"w": torch.ones(1)}, tmp_path / "weights", 1)
+        result = push_weights_from_disk(process.url, checkpoint, "1")
+        assert result.confirmed_version is None
+        assert result.unsupported == ("/get_weight_version", "/flush_cache")
+    finally:
+        process.stop()
+
+
+def test_a_push_the_server_did_not_apply_fails_with_both_versions(tmp_path):
+    process, port = start_double(tmp_path, "--pin-weight-version")
+    try:
+        checkpoint = write_versioned_checkpoint({"w": torch.ones(1)}, tmp_path / "weights", 1)
+        with pytest.raises(WeightSyncError, match="reports weight version 'default' after loading version '1'"):
+            push_weights_from_disk(process.url, checkpoint, "1")
+    finally:
+        process.stop()
 
 
 def test_engine_gets_sglang_arguments_and_stops_as_a_group(engine):

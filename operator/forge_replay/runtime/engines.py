@@ -41,7 +41,11 @@ class EngineStartError(RuntimeError):
 
 
 class EngineHTTPError(RuntimeError):
-    """An engine answered an HTTP call with an error, or did not answer."""
+    """An engine answered an HTTP call with an error (``status``), or did not answer (``status`` None)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 def resolve_engine_command(engine_command: str | None) -> list[str]:
@@ -177,7 +181,9 @@ def engine_call(
     except requests.RequestException as exc:
         raise EngineHTTPError(f"{method} {url}{path} failed: {exc}") from exc
     if response.status_code >= 400:
-        raise EngineHTTPError(f"{method} {url}{path} answered {response.status_code}: {response.text[:500]}")
+        raise EngineHTTPError(
+            f"{method} {url}{path} answered {response.status_code}: {response.text[:500]}", response.status_code
+        )
     try:
         return response.json()
     except ValueError:
@@ -328,6 +334,7 @@ class EngineActor:
         log_dir: str,
         colocated_base_gpu_id: int | None = None,
         use_gpus: bool = False,
+        caller_node_ip: str | None = None,
     ):
         self.index = index
         self.command = list(command)
@@ -338,7 +345,10 @@ class EngineActor:
         self.colocated_base_gpu_id = colocated_base_gpu_id
         self.use_gpus = use_gpus
         self.engine: EngineProcess | None = None
-        self.host = self._node_ip()
+        self.node_ip = self._node_ip()
+        # On the caller's own node (always so for `forge-replay run`) the engine listens on loopback: nothing
+        # off the node needs it, and a stand-in server that ignores --host still answers there.
+        self.host = "127.0.0.1" if caller_node_ip in (None, self.node_ip) else self.node_ip
         self.port = free_port()
         self.starts = 0
         atexit.register(self.stop)
@@ -379,7 +389,7 @@ class EngineActor:
         self.engine = EngineProcess(self.argv(), url, self.log_dir / f"engine-{self.index}.log")
         self.engine.start()
         took = self.engine.wait_healthy(health_timeout_s)
-        return EngineInfo(self.index, url, self.engine.pid or -1, self.host, took)
+        return EngineInfo(self.index, url, self.engine.pid or -1, self.node_ip, took)
 
     def is_alive(self) -> bool:
         return self.engine is not None and self.engine.alive()

@@ -44,6 +44,15 @@ log = logging.getLogger(__name__)
 ROLLOUT_GROUP = "rollout"
 
 
+def _this_node_ip() -> str | None:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 - outside Ray every engine is local
+        return None
+
+
 class EngineDead(RuntimeError):
     """An engine is dead and rollout fault tolerance is off, so it is not restarted."""
 
@@ -105,9 +114,11 @@ class EngineFleet:
         self.faults_ignored = ""
         self.eval_fleet = EvalFleet(self.targets, plan.eval_fleet_self_probe, settings.health_timeout_s)
         self.weight_versions: list[str] = []
+        self.unsupported_endpoints: list[str] = []
         self.memory_held_gib: float | None = None
         self._released = False
         self._previous_checkpoint: Path | None = None
+        self._node_ip = _this_node_ip()
 
     # ------------------------------------------------------------------ construction
 
@@ -170,6 +181,7 @@ class EngineFleet:
         return engine_actor_class().options(**options).remote(
             index, self.command, self.model, self.settings.gpus_per_engine, dict(self.settings.engine_args),
             str(self.work_dir / "engine-logs"), colocated_base_gpu_id=base_gpu, use_gpus=self.settings.use_gpus,
+            caller_node_ip=self._node_ip,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -186,7 +198,7 @@ class EngineFleet:
             log.info("engine %d healthy at %s (pid %d) after %.1f s", info.index, info.url, info.pid, info.started_in_s)
         log.info("router: %s", self.router_plan.reason)
         if self.router_plan.launch:
-            self.router = Router([e.info.url for e in self.engines], self.engines[0].info.node_ip, self.work_dir)
+            self.router = Router([e.info.url for e in self.engines], self._node_ip or "127.0.0.1", self.work_dir)
             self.router.start()
             self.router.process.wait_healthy(self.settings.startup_timeout_s)
         if self.plan.health_monitors:
@@ -262,9 +274,15 @@ class EngineFleet:
         version = str(len(self.weight_versions) + 1)
         config = json.loads((Path(self.model.model_path) / "config.json").read_text()) if self.model.from_config else None
         checkpoint = write_versioned_checkpoint(weights, self.weights_dir, int(version), config=config)
-        self._each(
+        results = self._each(
             lambda url: push_weights_from_disk(url, checkpoint, version, timeout_s=self.settings.push_timeout_s)
         )
+        for result in results:
+            for path in result.unsupported:
+                if path not in self.unsupported_endpoints:
+                    self.unsupported_endpoints.append(path)
+                    log.warning("engine %s answers 404 to %s: that check is skipped for this run (reported)",
+                                result.url, path)
         self.weight_versions.append(version)
         if self._previous_checkpoint is not None and self._previous_checkpoint != checkpoint:
             shutil.rmtree(self._previous_checkpoint, ignore_errors=True)
@@ -287,10 +305,10 @@ class EngineFleet:
         if self.monitor is not None:
             self.monitor.resume()
 
-    def _each(self, action) -> None:
+    def _each(self, action) -> list:
         urls = self.urls
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(urls)))) as pool:
-            list(pool.map(action, urls))
+            return list(pool.map(action, urls))
 
     def _alive(self, engine: _Engine) -> tuple[bool, str]:
         import ray
@@ -351,6 +369,7 @@ class EngineFleet:
             "restarts": sum(e.restarts for e in self.engines),
             "restarts_by_engine": [e.restarts for e in self.engines],
             "weight_versions": list(self.weight_versions),
+            "unsupported_endpoints": list(self.unsupported_endpoints),
             "health_monitors": 1 if self.monitor else 0,
             "health_probes": counters.probes if counters else 0,
             "health_failures": counters.failures if counters else 0,

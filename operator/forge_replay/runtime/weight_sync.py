@@ -70,7 +70,10 @@ class PushResult:
 
     url: str
     version: str
-    confirmed_version: str
+    confirmed_version: str | None
+    """What /get_weight_version answered; None when the server has no such endpoint (see ``unsupported``)."""
+    unsupported: tuple[str, ...] = ()
+    """Check endpoints the server answered 404 to (a stand-in server may lack them): reported, not hidden."""
 
 
 Caller = Callable[..., object]
@@ -94,15 +97,29 @@ def push_weights_from_disk(
         raise WeightSyncError(
             f"engine {url} did not load the weights in {checkpoint_dir} (version {version}): {answer.get('message')}"
         )
-    reported = call(url, "/get_weight_version", timeout_s=timeout_s)
-    confirmed = str(reported.get("weight_version")) if isinstance(reported, dict) else str(reported).strip()
-    if confirmed != version:
-        raise WeightSyncError(
-            f"engine {url} reports weight version {confirmed!r} after loading version {version!r} from "
-            f"{checkpoint_dir}: the push did not take"
-        )
-    call(url, "/flush_cache", timeout_s=timeout_s)
-    return PushResult(url, version, confirmed)
+    unsupported = []
+    confirmed: str | None = None
+    reported = _optional(call, url, "/get_weight_version", timeout_s, unsupported)
+    if "/get_weight_version" not in unsupported:
+        confirmed = str(reported.get("weight_version")) if isinstance(reported, dict) else str(reported).strip()
+        if confirmed != version:
+            raise WeightSyncError(
+                f"engine {url} reports weight version {confirmed!r} after loading version {version!r} from "
+                f"{checkpoint_dir}: the push did not take"
+            )
+    _optional(call, url, "/flush_cache", timeout_s, unsupported)
+    return PushResult(url, version, confirmed, tuple(unsupported))
+
+
+def _optional(call: Caller, url: str, path: str, timeout_s: float, unsupported: list[str]) -> object:
+    """GET ``path``; a 404 is noted in ``unsupported`` (sglang has it; a stand-in may not), other errors raise."""
+    try:
+        return call(url, path, timeout_s=timeout_s)
+    except EngineHTTPError as exc:
+        if exc.status == 404:
+            unsupported.append(path)
+            return None
+        raise WeightSyncError(f"engine {url}: {path} after a weight push failed: {exc}") from exc
 
 
 def release_memory(url: str, *, timeout_s: float = 120.0, call: Caller = engine_call) -> None:
