@@ -72,6 +72,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     plane.keep_workdir = args.keep
+    if plane.project_crd_error:
+        print(f"\nerror: {plane.project_crd_error}\n(the control plane keeps running without it)", file=sys.stderr)
     print("\nThe control plane is ready. In another shell:\n", flush=True)
     print(f"export KUBECONFIG={plane.kubeconfig}")
     print(f"export PATH={plane.bin_dir}:$PATH")

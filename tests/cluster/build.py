@@ -18,6 +18,8 @@ current builds, for people (``export PATH=<cache>/bin:$PATH``) and for tests.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shlex
@@ -230,6 +232,22 @@ def _default_log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _build_lock(target: Path):
+    """Serialise builders of one target across processes (several test sessions may start at once)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(f".{target.name}.lock"), "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _default_log(f"waiting for another process that is building {target.name} ...")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def binary_path(name: str, build: bool = True, log=_default_log) -> Path:
     """Path of the current build of a declared binary (or exported file set), building it if needed.
 
@@ -243,14 +261,18 @@ def binary_path(name: str, build: bool = True, log=_default_log) -> Path:
         if not target.exists():
             if not build:
                 raise BuildError(f"{name} is not built; run `python -m tests.cluster build`")
-            _build_binary(directory, spec, target, log)
+            with _build_lock(target):
+                if not target.exists():  # another process may have built it while we waited
+                    _build_binary(directory, spec, target, log)
     elif name in files:
         directory, fspec = files[name]
         target = module_build_dir(directory) / name
         if not target.exists():
             if not build:
                 raise BuildError(f"{name} is not exported; run `python -m tests.cluster build`")
-            _export_files(directory, fspec, target, log)
+            with _build_lock(target):
+                if not target.exists():
+                    _export_files(directory, fspec, target, log)
         return target  # file sets are not linked into bin/
     else:
         raise KeyError(f"no wrapper module under {GO_MODULES_DIR} declares {name!r}; declared: {declared_names()}")

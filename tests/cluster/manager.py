@@ -54,6 +54,16 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
 )
 
+# KWOK stages (from the pinned module's kustomize/stage): nodes become Ready and keep heartbeating; bound pods
+# become Running and Ready; pods owned by a Job complete (Succeeded); deleted pods go away.
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat/node-heartbeat.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+
 
 class ControlPlaneError(RuntimeError):
     """The control plane could not start (the message names the component and its log)."""
@@ -68,6 +78,7 @@ class Options:
     kwok: bool = True
     kuberay: bool = True
     install_crds: bool = True
+    project_crds_dir: Path = PROJECT_CRDS_DIR
     gpu_nodes: int = 2
     cpu_nodes: int = 1
     workdir: Path | None = None
@@ -77,7 +88,7 @@ class Options:
         names = ["etcd", "kube-apiserver", "kubectl"]
         names += ["kube-controller-manager"] if self.controller_manager else []
         names += ["kube-scheduler"] if self.scheduler else []
-        names += ["kwok"] if self.kwok else []
+        names += ["kwok", "kwok-stages"] if self.kwok else []
         names += ["kuberay-operator"] if self.kuberay else []
         return names
 
@@ -183,6 +194,7 @@ class ControlPlane:
         self.server = ""
         self.kuberay_crds_dir: Path | None = None
         self.installed_crds: list[str] = []
+        self.project_crd_error: str | None = None
         self.skipped: list[str] = []
         self.keep_workdir = False
 
@@ -341,25 +353,32 @@ class ControlPlane:
               component=apiserver, interval=0.3)
 
     def _install_crds(self) -> None:
-        crd_files: list[Path] = []
-        project = sorted(PROJECT_CRDS_DIR.glob("*.yaml")) if PROJECT_CRDS_DIR.is_dir() else []
-        if project:
-            crd_files += project
-        else:
-            message = f"no project CRD in {PROJECT_CRDS_DIR} (generate it with `forge-replay crd`); not installed"
+        """KubeRay's CRDs must install; the project's CRD is reported (``project_crd_error``) if refused,
+        so that one bad schema fails the CRD tests with the API server's words, not every cluster test."""
+        if self.kuberay_crds_dir is not None:
+            self._apply_crds(sorted(self.kuberay_crds_dir.glob("*.yaml")))
+        directory = self.options.project_crds_dir
+        project = sorted(directory.glob("*.yaml")) if directory.is_dir() else []
+        if not project:
+            message = f"no project CRD in {directory} (generate it with `forge-replay crd`); not installed"
             self.skipped.append(message)
             self.log(message)
-        if self.kuberay_crds_dir is not None:
-            crd_files += sorted(self.kuberay_crds_dir.glob("*.yaml"))
-        if not crd_files:
             return
+        try:
+            self._apply_crds(project)
+        except ControlPlaneError as error:
+            self.project_crd_error = f"the API server refused the project CRD from {directory}: {error}"
+            self.log(f"ERROR: {self.project_crd_error}")
+
+    def _apply_crds(self, files: list[Path]) -> None:
         args = ["apply", "--server-side", "--force-conflicts", "--field-manager=forge-replay-tests", "-o", "name"]
-        for path in crd_files:
+        for path in files:
             args += ["-f", str(path)]
         names = self.kubectl(*args).stdout.split()
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
-        self.installed_crds = [n.split("/", 1)[1] for n in names]
-        self.log(f"CRDs installed: {', '.join(self.installed_crds)}")
+        installed = [n.split("/", 1)[1] for n in names]
+        self.installed_crds += installed
+        self.log(f"CRDs installed: {', '.join(installed)}")
 
     def _start_controller_manager(self) -> None:
         identity = self.ca.issue("kube-controller-manager", "system:kube-controller-manager", client=True)
@@ -408,8 +427,11 @@ class ControlPlane:
         }
 
     def _start_kwok(self) -> None:
+        # The standalone kwok binary has no built-in stages: pass the ones kwokctl uses by default.
+        stages = self.binaries["kwok-stages"]
+        configs = [f"--config={stages / relative}" for relative in KWOK_STAGES]
         kwok = self._launch("kwok", [
-            str(self.binaries["kwok"]), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
+            str(self.binaries["kwok"]), *configs, f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION[0]}={FAKE_NODE_ANNOTATION[1]}",
             "--cidr=10.244.0.1/16", "--node-ip=10.240.0.1", f"--server-address=127.0.0.1:{free_port()}",
         ])

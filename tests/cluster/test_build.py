@@ -55,7 +55,7 @@ def test_every_committed_module_declares_something_buildable():
     assert {m.name for m in modules} >= {"kubernetes", "etcd", "kuberay", "kwok"}
     names = build.declared_names()
     for wanted in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok",
-                   "kuberay-operator", "kuberay-crds"):
+                   "kuberay-operator", "kuberay-crds", "kwok-stages"):
         assert wanted in names
     for module in modules:
         assert (module / "go.sum").exists(), f"{module} has no committed go.sum"
