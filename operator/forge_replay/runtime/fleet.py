@@ -20,6 +20,7 @@ from pathlib import Path
 
 from forge_replay.runtime.engines import (
     EngineInfo,
+    EngineStartError,
     ModelSource,
     engine_actor_class,
     engine_count,
@@ -51,6 +52,19 @@ def _this_node_ip() -> str | None:
         return ray.util.get_node_ip_address() if ray.is_initialized() else None
     except Exception:  # noqa: BLE001 - outside Ray every engine is local
         return None
+
+
+def _get_unwrapped(refs):
+    """ray.get, raising an engine's own error (EngineStartError with its log tail) without Ray's wrapping."""
+    import ray
+
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, EngineStartError):
+            raise EngineStartError(str(cause)) from None
+        raise
 
 
 class EngineDead(RuntimeError):
@@ -192,7 +206,7 @@ class EngineFleet:
 
         log.info("forge mode: starting %d engine(s): %s", self.settings.num_engines, " ".join(self.command))
         self.engines = [_Engine(i, self._new_actor(i)) for i in range(self.settings.num_engines)]
-        infos = ray.get([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines])
+        infos = _get_unwrapped([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines])
         for engine, info in zip(self.engines, infos, strict=True):
             engine.info = info
             log.info("engine %d healthy at %s (pid %d) after %.1f s", info.index, info.url, info.pid, info.started_in_s)
@@ -341,7 +355,7 @@ class EngineFleet:
             if "actor died" in why:
                 engine.actor = self._new_actor(engine.index)
             log.warning("recovering engine %d (%s) before the weight sync", engine.index, why)
-            engine.info = ray.get(engine.actor.start.remote(self.settings.startup_timeout_s))
+            engine.info = _get_unwrapped(engine.actor.start.remote(self.settings.startup_timeout_s))
             engine.restarts += 1
             engine.stopped_by_monitor = False
             if self.router is not None and old_url:
