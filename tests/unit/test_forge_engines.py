@@ -133,3 +133,12 @@ def test_router_only_in_front_of_several_sglang_engines():
     assert plan_router(4, False, True).launch
     argv = build_router_argv(["http://a:1", "http://b:2"], "0.0.0.0", 30000)
     assert argv[1:3] == ["-m", "sglang_router.launch_router"] and argv[-3:] == ["--worker-urls", "http://a:1", "http://b:2"]
+
+
+def test_nvidia_smi_lines_are_summed_for_our_processes_only():
+    from forge_replay.runtime.engines import sum_csv_mib
+
+    csv = "101, 2048\n202, 1024\n303, 512\n"
+    assert sum_csv_mib(csv, {101, 303}) == 2560.0
+    assert sum_csv_mib(csv, {999}) is None  # nothing matched: not a zero reading
+    assert sum_csv_mib("", {1}) is None

@@ -59,7 +59,7 @@ def test_plan_table(mode, enabled, components, engines, rollout_ft, self_probe):
 
 
 @pytest.mark.parametrize(
-    ("mode", "enabled", "components"), itertools.product(("forge", "debug"), (False, True), COMPONENT_SETS)
+    ("mode", "enabled", "components"), list(itertools.product(("forge", "debug"), (False, True), COMPONENT_SETS))
 )
 def test_plan_matches_longhand_rule_everywhere(mode, enabled, components):
     plan = plan_rollout_side(mode, enabled, components)

@@ -407,9 +407,14 @@ class EngineActor:
             return None
         return self.engine.stop()
 
-    def gpu_memory_gib(self) -> float:
-        """GPU memory held by this engine's process group (nvidia-smi); 0.0 when nothing is listed."""
-        return engine_gpu_memory_gib(self.engine.pid if self.engine else None)
+    def gpu_memory_gib(self) -> float | None:
+        """GPU memory held by this engine (see :func:`engine_gpu_memory_gib`); None when unreadable."""
+        own: list[int] = []
+        if self.use_gpus and self.colocated_base_gpu_id is None:
+            import ray
+
+            own = [int(i) for i in ray.get_gpu_ids()]
+        return engine_gpu_memory_gib(self.engine.pid if self.engine else None, own)
 
     def __del__(self) -> None:
         try:
@@ -418,10 +423,8 @@ class EngineActor:
             pass
 
 
-def engine_gpu_memory_gib(pgid: int | None) -> float:
-    """GiB of GPU memory nvidia-smi lists for the processes of process group ``pgid``."""
-    if pgid is None:
-        return 0.0
+def process_group_members(pgid: int) -> set[int]:
+    """PIDs of the live processes in process group ``pgid``."""
     import psutil
 
     members = set()
@@ -431,16 +434,44 @@ def engine_gpu_memory_gib(pgid: int | None) -> float:
                 members.add(proc.info["pid"])
         except (ProcessLookupError, PermissionError):
             continue
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, timeout=30, check=True,
+    return members
+
+
+def sum_csv_mib(csv_text: str, keys: set[int]) -> float | None:
+    """Sum the second column of nvidia-smi ``key, MiB`` lines whose first column is in ``keys``;
+    None when no line matched."""
+    total, matched = 0.0, False
+    for line in csv_text.splitlines():
+        key, _, used = line.partition(",")
+        if key.strip().isdigit() and int(key) in keys:
+            total += float(used.strip() or 0)
+            matched = True
+    return total if matched else None
+
+
+def _nvidia_smi(query: str) -> str:
+    return subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True
     ).stdout
-    mib = 0.0
-    for line in out.splitlines():
-        pid, _, used = line.partition(",")
-        if pid.strip().isdigit() and int(pid) in members:
-            mib += float(used.strip() or 0)
-    return mib / 1024
+
+
+def engine_gpu_memory_gib(pgid: int | None, own_gpu_ids: Sequence[int] = ()) -> float | None:
+    """GiB of GPU memory held by the processes of process group ``pgid`` (nvidia-smi per process).
+
+    In a container nvidia-smi often lists host PIDs, which match none of ours: then the memory used
+    on the engine's own GPUs (``own_gpu_ids``, disaggregated engines only) is taken instead. None when
+    neither can be read.
+    """
+    if pgid is None:
+        return None
+    per_process = sum_csv_mib(_nvidia_smi("--query-compute-apps=pid,used_memory"), process_group_members(pgid))
+    if per_process is not None:
+        return per_process / 1024
+    if own_gpu_ids:
+        per_device = sum_csv_mib(_nvidia_smi("--query-gpu=index,memory.used"), {int(i) for i in own_gpu_ids})
+        if per_device is not None:
+            return per_device / 1024
+    return None
 
 
 def engine_actor_class():

@@ -367,7 +367,12 @@ class EngineFleet:
         import ray
 
         try:
-            held = sum(ray.get([e.actor.gpu_memory_gib.remote() for e in self.engines]))
+            readings = ray.get([e.actor.gpu_memory_gib.remote() for e in self.engines])
+            if any(r is None for r in readings):
+                log.warning("GPU memory of some engines could not be read (nvidia-smi): %s", readings)
+            if all(r is None for r in readings):
+                return
+            held = sum(r for r in readings if r is not None)
         except Exception as exc:  # noqa: BLE001 - a measurement, not a reason to fail the run
             log.warning("could not read the engines' GPU memory: %s", exc)
             return
