@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,17 @@ def test_nvidia_smi_lines_are_summed_for_our_processes_only():
     assert sum_csv_mib(csv, {101, 303}) == 2560.0
     assert sum_csv_mib(csv, {999}) is None  # nothing matched: not a zero reading
     assert sum_csv_mib("", {1}) is None
+
+
+def test_an_engine_on_another_node_writes_the_config_model_itself(tmp_path):
+    from forge_replay.runtime.engines import EngineActor
+
+    remote_view = ModelSource("/not/on/this/node/engine-model", "dummy", from_config=True, config={"hidden_size": 8})
+    actor = EngineActor(0, ["srv"], remote_view, 1, {}, str(tmp_path / "logs"))
+    argv = actor.argv()
+    local = Path(argv[argv.index("--model-path") + 1])
+    assert local != Path(remote_view.model_path)
+    assert json.loads((local / "config.json").read_text()) == {"hidden_size": 8}
+    visible = ModelSource(str(tmp_path), "dummy", from_config=True, config={"hidden_size": 8})
+    (tmp_path / "config.json").write_text("{}")
+    assert EngineActor(1, ["srv"], visible, 1, {}, str(tmp_path)).argv()[argv.index("--model-path") + 1] == str(tmp_path)

@@ -90,6 +90,8 @@ class ModelSource:
     load_format: str | None
     """``dummy`` (random weights from a config alone) or None for the server's default."""
     from_config: bool
+    config: Mapping | None = None
+    """The model config when ``from_config``: an engine on another node writes it there itself."""
 
 
 def prepare_model_source(
@@ -101,7 +103,7 @@ def prepare_model_source(
         target = Path(scratch_dir) / "engine-model"
         target.mkdir(parents=True, exist_ok=True)
         (target / "config.json").write_text(json.dumps(dict(model_config), indent=1, sort_keys=True))
-        return ModelSource(str(target), "dummy", from_config=True)
+        return ModelSource(str(target), "dummy", from_config=True, config=dict(model_config))
     if not model_path:
         raise ValueError("spec.model: neither config nor path is set (the spec validation should have refused it)")
     full = Path(model_root or "") / model_path if model_root else Path(model_path)
@@ -369,12 +371,39 @@ class EngineActor:
             return self.colocated_base_gpu_id
         return 0  # disaggregated: Ray set CUDA_VISIBLE_DEVICES to this actor's GPUs
 
+    def _local_model(self) -> ModelSource:
+        """The model source as seen from this node: a config-only model is written here when the
+        caller's copy is not visible (engine on another node than the rollout manager)."""
+        model = self.model
+        if not model.from_config or model.config is None or (Path(model.model_path) / "config.json").exists():
+            return model
+        import tempfile
+
+        target = Path(tempfile.gettempdir()) / f"forge-replay-engine-model-{os.getpid()}"
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "config.json").write_text(json.dumps(dict(model.config), indent=1, sort_keys=True))
+        return ModelSource(str(target), model.load_format, True, model.config)
+
+    def _log_path(self) -> Path:
+        """engine-N.log under the run's engine-logs dir, or under /tmp when that is not writable on this
+        node (said in the log, since the run's dir is where a user looks first)."""
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            return self.log_dir / f"engine-{self.index}.log"
+        except OSError as exc:
+            import tempfile
+
+            path = Path(tempfile.gettempdir()) / f"forge-replay-engine-{self.index}.log"
+            log.warning("engine %d: cannot write %s (%s); its log is %s on %s", self.index, self.log_dir, exc,
+                        path, self.node_ip)
+            return path
+
     def argv(self) -> list[str]:
         return build_engine_argv(
             self.command,
             host=self.host,
             port=self.port,
-            model=self.model,
+            model=self._local_model(),
             tp_size=self.tp_size,
             engine_args=self.engine_args,
             base_gpu_id=self._base_gpu_id(),
@@ -386,7 +415,7 @@ class EngineActor:
             self.engine.stop()
         self.starts += 1
         url = f"http://{self.host}:{self.port}"
-        self.engine = EngineProcess(self.argv(), url, self.log_dir / f"engine-{self.index}.log")
+        self.engine = EngineProcess(self.argv(), url, self._log_path())
         self.engine.start()
         took = self.engine.wait_healthy(health_timeout_s)
         return EngineInfo(self.index, url, self.engine.pid or -1, self.node_ip, took)

@@ -9,7 +9,6 @@ Every rollout-side decision (monitor, fault injection, recovery, eval self-probe
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -286,7 +285,7 @@ class EngineFleet:
             self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
             self._released = False
         version = str(len(self.weight_versions) + 1)
-        config = json.loads((Path(self.model.model_path) / "config.json").read_text()) if self.model.from_config else None
+        config = self.model.config if self.model.from_config else None
         checkpoint = write_versioned_checkpoint(weights, self.weights_dir, int(version), config=config)
         results = self._each(
             lambda url: push_weights_from_disk(url, checkpoint, version, timeout_s=self.settings.push_timeout_s)
