@@ -63,6 +63,8 @@ class Kube:
         session = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            # Only the kubeconfig decides trust: no REQUESTS_CA_BUNDLE, proxies or .netrc from the environment.
+            session.trust_env = False
             cfg = self._cfg
             session.verify = cfg.ssl_ca_cert if cfg.verify_ssl and cfg.ssl_ca_cert else cfg.verify_ssl
             if cfg.cert_file and cfg.key_file:

@@ -1,0 +1,233 @@
+"""The operator against the real control plane (etcd, apiserver, controllers, KWOK, KubeRay).
+
+The operator runs as a real subprocess (`python -m forge_replay.controller --namespace NS`), so tests can
+kill and restart it. States that need a real Ray head (running, succeeded, failed) are reached by patching
+the RayJob's status, as KubeRay would after talking to the Ray dashboard.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cluster.operator_harness import Api, OperatorProcess, apply, job_doc, operator_kubeconfig_for, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def operator_kubeconfig(control_plane, namespace) -> str:
+    """The kubeconfig the operator subprocess uses (admin unless overridden: see operator_harness)."""
+    return operator_kubeconfig_for(control_plane, namespace)
+
+
+@pytest.fixture
+def api(control_plane) -> Api:
+    return Api(str(control_plane.kubeconfig))
+
+
+@pytest.fixture
+def operator(operator_kubeconfig, namespace, tmp_path):
+    process = OperatorProcess(operator_kubeconfig, [namespace], tmp_path / "operator.log").start()
+    yield process
+    process.stop()
+    print(f"--- operator log ---\n{process.log_tail(80)}")
+
+
+def phase_is(api: Api, namespace: str, name: str, phase: str):
+    return lambda: api.status(namespace, name).get("phase") == phase and api.status(namespace, name)
+
+
+def test_apply_creates_owned_children_and_a_rayjob(control_plane, operator, api, namespace) -> None:
+    apply(control_plane, job_doc("shape", namespace, scheduling={"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+                                                               "priorityClassName": ""}))
+    rayjob = wait_for("the RayJob", lambda: api.rayjob(namespace, "shape"))
+    job = api.job(namespace, "shape")
+    uid = job["metadata"]["uid"]
+    assert job["metadata"].get("finalizers") in (None, [])  # deleting never waits for the operator
+    children = api.children(namespace, "shape")
+    assert children == {
+        "ConfigMap": ["shape-config", "shape-progress"],
+        "ServiceAccount": ["shape-runtime"],
+        "Role": ["shape-runtime"],
+        "RoleBinding": ["shape-runtime"],
+        "Job": [],
+        "RayJob": ["shape"],
+    }
+    for api_version, kind, name in (("v1", "ConfigMap", "shape-config"), ("ray.io/v1", "RayJob", "shape")):
+        owners = api.get(api_version, kind, namespace, name)["metadata"]["ownerReferences"]
+        assert owners == [{"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "name": "shape",
+                           "uid": uid, "controller": True, "blockOwnerDeletion": True}]
+    spec = rayjob["spec"]
+    assert spec["entrypoint"] == "python -m forge_replay.runtime --config /etc/forge-replay/config.yaml"
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] == 60
+    [trainer] = spec["rayClusterSpec"]["workerGroupSpecs"]
+    pod = trainer["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    status = wait_for("status with the RayJob name", lambda: api.status(namespace, "shape").get("rayJobName"))
+    assert status == "shape"
+    full = api.status(namespace, "shape")
+    assert full["observedGeneration"] == job["metadata"]["generation"]
+    assert full["phase"] in ("Launching", "Running")
+    assert {c["type"] for c in full["conditions"]} == {
+        "Ready", "Reconciling", "Stalled", "SpecValid", "DumpsVerified", "ClusterReady"}
+    events = control_plane.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                   "involvedObject.name=shape", "-o", "jsonpath={.items[*].reason}").stdout
+    assert "Launching" in events or "Running" in events
+    # kopf keeps its bookkeeping in our own annotations, never in status
+    annotations = api.job(namespace, "shape")["metadata"].get("annotations") or {}
+    assert any(key.startswith("forgereplay.io/") for key in annotations)
+    assert "kopf" not in api.status(namespace, "shape")
+
+
+@pytest.mark.parametrize(("job_status", "phase", "ready", "stalled"), [
+    ("SUCCEEDED", "Succeeded", "True", "False"),
+    ("FAILED", "Failed", "False", "True"),
+    ("STOPPED", "Failed", "False", "True"),
+])
+def test_status_follows_rayjob_completion(control_plane, operator, api, namespace,
+                                          job_status, phase, ready, stalled) -> None:
+    apply(control_plane, job_doc("done", namespace))
+    wait_for("the RayJob", lambda: api.rayjob(namespace, "done"))
+    progress = ('{"completed": 4, "total": 4, "fallbacks": 1, '
+                '"memory": {"peakAllocatedGiB": 71.3, "peakReservedGiB": 75.0, "rank": 3}}')
+    control_plane.kubectl("patch", "configmap", "done-progress", "-n", namespace, "--type=merge",
+                          "-p", '{"data": {"progress.json": %s}}' % __import__("json").dumps(progress))
+    api.patch_rayjob_status(namespace, "done", {
+        "jobDeploymentStatus": "Complete", "jobStatus": job_status, "message": f"ray job ended {job_status}",
+        "rayClusterName": "done-raycluster-x", "startTime": "2026-11-29T11:00:00Z", "endTime": "2026-11-29T12:00:00Z",
+    })
+    status = wait_for(f"phase {phase}", phase_is(api, namespace, "done", phase))
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == ready
+    assert conditions["Stalled"]["status"] == stalled
+    assert conditions["Reconciling"]["status"] == "False"
+    assert status["completionTime"] == "2026-11-29T12:00:00Z"
+    assert status["rayClusterName"] == "done-raycluster-x"
+    status = wait_for("progress in status", lambda: api.status(namespace, "done").get("memory")
+                      and api.status(namespace, "done"))
+    assert status["rollouts"] == {"completed": 4, "total": 4}
+    assert status["memory"] == {"peakAllocatedGiB": 71.3, "peakReservedGiB": 75.0, "rank": 3}
+    assert status["fallbacks"] == 1
+    if phase == "Failed":
+        assert f"jobStatus {job_status}" in status["message"]
+
+
+def test_status_follows_rayjob_running(control_plane, operator, api, namespace) -> None:
+    apply(control_plane, job_doc("run", namespace))
+    wait_for("the RayJob", lambda: api.rayjob(namespace, "run"))
+    api.patch_rayjob_status(namespace, "run", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                               "rayClusterName": "run-raycluster-y"})
+    status = wait_for("phase Running", phase_is(api, namespace, "run", "Running"))
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["ClusterReady"]["status"] == "True"
+    assert conditions["Reconciling"]["status"] == "True"
+
+
+def _pod_of(api: Api, namespace: str, job_name: str):
+    pods = api.kube.list("v1", "Pod", namespace, f"job-name={job_name}")
+    return pods[0] if pods else None
+
+
+def _finish_pod(api: Api, pod: dict, *, exit_code: int, message: str) -> None:
+    meta = pod["metadata"]
+    container = pod["spec"]["containers"][0]
+    terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error", "message": message,
+                  "startedAt": "2026-11-29T11:00:00Z", "finishedAt": "2026-11-29T11:00:05Z"}
+    status = {
+        "phase": "Succeeded" if exit_code == 0 else "Failed",
+        "startTime": "2026-11-29T11:00:00Z",
+        "containerStatuses": [{"name": container["name"], "image": container["image"], "imageID": "",
+                               "ready": False, "restartCount": 0, "started": False,
+                               "state": {"terminated": terminated}}],
+    }
+    api.kube.merge_patch("v1", "Pod", meta["namespace"], meta["name"], {"status": status}, status=True)
+
+
+def test_verify_failure_blocks_the_rayjob_and_reports_what_verify_printed(control_plane, operator, api,
+                                                                           namespace) -> None:
+    apply(control_plane, job_doc("badverify", namespace, replay__verify=True))
+    wait_for("phase Verifying", phase_is(api, namespace, "badverify", "Verifying"))
+    verify = api.get("batch/v1", "Job", namespace, "badverify-verify")
+    command = verify["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["forge-replay", "dumps", "verify"]
+    pod = wait_for("the verify pod", lambda: _pod_of(api, namespace, "badverify-verify"))
+    printed = "rollout 2: run/rollout_2.pt: missing (fallbackToFirst would use run/rollout_0.pt)\nFAILED: 1 of 4"
+    _finish_pod(api, pod, exit_code=1, message=printed)
+    status = wait_for("phase Failed", phase_is(api, namespace, "badverify", "Failed"), timeout=90)
+    dumps = next(c for c in status["conditions"] if c["type"] == "DumpsVerified")
+    assert dumps["status"] == "False" and printed in dumps["message"]
+    assert api.rayjob(namespace, "badverify") is None  # no GPUs were ever requested
+
+
+def test_verify_success_launches_the_rayjob(control_plane, operator, api, namespace) -> None:
+    apply(control_plane, job_doc("goodverify", namespace, replay__verify=True))
+    wait_for("phase Verifying", phase_is(api, namespace, "goodverify", "Verifying"))
+    assert api.rayjob(namespace, "goodverify") is None
+    pod = wait_for("the verify pod", lambda: _pod_of(api, namespace, "goodverify-verify"))
+    if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        _finish_pod(api, pod, exit_code=0, message="4 of 4 dumps ok")
+    wait_for("the RayJob after verification", lambda: api.rayjob(namespace, "goodverify"), timeout=90)
+    dumps = wait_for("DumpsVerified=True",
+                     lambda: api.condition(namespace, "goodverify", "DumpsVerified").get("status") == "True")
+    assert dumps
+
+
+def test_spec_change_after_launch_is_refused_but_suspend_propagates(control_plane, operator, api,
+                                                                     namespace) -> None:
+    apply(control_plane, job_doc("frozen", namespace))
+    before = wait_for("the RayJob", lambda: api.rayjob(namespace, "frozen"))
+    apply(control_plane, job_doc("frozen", namespace, trainer={"nodes": 2, "gpusPerNode": 1}))
+    spec_valid = wait_for("SpecValid=False", lambda: (c := api.condition(namespace, "frozen", "SpecValid"))
+                          .get("status") == "False" and c)
+    assert spec_valid["reason"] == "SpecChangeRefused"
+    assert "spec.trainer.nodes" in spec_valid["message"]
+    assert api.condition(namespace, "frozen", "Stalled")["status"] == "True"
+    after = api.rayjob(namespace, "frozen")
+    assert after["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 1  # never half applied
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    # suspend is the one spec field that may change after launch (even alongside a refused change)
+    apply(control_plane, job_doc("frozen", namespace, trainer={"nodes": 2, "gpusPerNode": 1}, suspend=True))
+    wait_for("RayJob suspended", lambda: api.rayjob(namespace, "frozen")["spec"].get("suspend") is True)
+    # reverting the refused change clears the refusal; resuming propagates
+    apply(control_plane, job_doc("frozen", namespace, suspend=False))
+    wait_for("RayJob resumed", lambda: api.rayjob(namespace, "frozen")["spec"].get("suspend") is False)
+    wait_for("SpecValid=True", lambda: api.condition(namespace, "frozen", "SpecValid").get("status") == "True")
+
+
+def test_suspended_job_reports_suspended(control_plane, operator, api, namespace) -> None:
+    apply(control_plane, job_doc("sleepy", namespace, suspend=True))
+    rayjob = wait_for("the RayJob", lambda: api.rayjob(namespace, "sleepy"))
+    assert rayjob["spec"]["suspend"] is True
+    wait_for("phase Suspended", phase_is(api, namespace, "sleepy", "Suspended"), timeout=90)
+
+
+def test_delete_removes_every_child(control_plane, operator, api, namespace) -> None:
+    apply(control_plane, job_doc("gone", namespace, replay__verify=True))
+    wait_for("the verify Job", lambda: api.get("batch/v1", "Job", namespace, "gone-verify"))
+    operator.stop()  # deletion must not need the operator (no finalizer)
+    control_plane.kubectl("delete", "forgereplayjob", "gone", "-n", namespace, "--wait=true", "--timeout=30s")
+    wait_for("every child garbage-collected",
+             lambda: not any(api.children(namespace, "gone").values()), timeout=90)
+
+
+def test_operator_killed_mid_burst_creates_exactly_one_rayjob_per_job(control_plane, operator, api,
+                                                                       namespace) -> None:
+    names = [f"burst-{i:02d}" for i in range(50)]
+    apply(control_plane, [job_doc(n, namespace, suspend=True) for n in names])
+    wait_for("a few RayJobs", lambda: len(api.kube.list("ray.io/v1", "RayJob", namespace,
+                                                          "app.kubernetes.io/managed-by=forge-replay")) >= 5,
+             interval=0.1)
+    operator.kill()
+    operator.start()
+
+    def all_suspended():
+        return all(api.status(namespace, n).get("phase") == "Suspended" for n in names)
+
+    wait_for("all 50 jobs Suspended", all_suspended, timeout=300, interval=2)
+    rayjobs = api.kube.list("ray.io/v1", "RayJob", namespace, "app.kubernetes.io/managed-by=forge-replay")
+    assert sorted(r["metadata"]["name"] for r in rayjobs) == names
+    configs = api.kube.list("v1", "ConfigMap", namespace, "app.kubernetes.io/managed-by=forge-replay")
+    assert len(configs) == 100
+    metrics = operator.metrics()
+    assert 'forge_replay_operator_jobs{phase="Suspended"} 50.0' in metrics
