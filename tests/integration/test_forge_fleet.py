@@ -259,6 +259,7 @@ def test_colocated_engines_release_memory_for_training_and_resume_before_the_pus
         url = fleet.report()["urls"][0]
         fleet.before_generate(0)
         fleet.before_train_step(0)
+        fleet.before_generate(1)  # the driver prefetches the next rollout while training
         assert fleet.monitor.paused  # a released engine answers 503: the monitor must not probe it
         with pytest.raises(Exception, match="503"):
             engine_call(url, "/health_generate")

@@ -256,8 +256,10 @@ class EngineFleet:
             log.warning("stopping engine %d after a failed health check: %s", index, exc)
 
     def before_generate(self, rollout_id: int) -> None:
-        """Replay of rollout ``rollout_id`` starts: monitors resume."""
-        if self.monitor is not None:
+        """Replay of rollout ``rollout_id`` starts: monitors resume, unless colocated engines have
+        released their memory for training (the driver prefetches the next rollout during training):
+        then they resume after the weight sync, when the engines hold their memory again."""
+        if self.monitor is not None and not self._released:
             self.monitor.resume()
 
     def before_train_step(self, step: int) -> None:
