@@ -132,7 +132,12 @@ def _start_resync(memo: Any) -> None:
     def loop() -> None:
         reconciler = _reconciler(memo)
         while not stopper.wait(interval):
-            for namespace, name, phase in reconciler.list_jobs(memo["settings"].namespaces):
+            try:
+                jobs = reconciler.list_jobs(memo["settings"].namespaces)
+            except Exception as exc:  # e.g. the CRD is not installed yet; the next round retries
+                log.warning("resync could not list ForgeReplayJobs: %s", exc)
+                continue
+            for namespace, name, phase in jobs:
                 if phase in TERMINAL_PHASES:
                     continue
                 try:
