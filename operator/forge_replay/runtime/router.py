@@ -10,12 +10,16 @@ is logged and reported, never silent.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
-from forge_replay.runtime.engines import EngineProcess, free_port
+from forge_replay.runtime.engines import EngineHTTPError, EngineProcess, engine_call, free_port
+
+log = logging.getLogger(__name__)
 
 ROUTER_MODULE = "sglang_router.launch_router"
 
@@ -59,14 +63,32 @@ class Router:
     def start(self) -> None:
         self.process.start()
 
-    def replace_worker(self, old_url: str, new_url: str) -> None:
-        """Swap a recovered engine's URL (only when it came back on another address)."""
-        from forge_replay.runtime.engines import engine_call
+    def worker_urls(self) -> list[str]:
+        """The workers the router knows (``GET /workers``, sglang_router >= 0.2)."""
+        answer = engine_call(self.url, "/workers")
+        return sorted(w["url"] for w in answer.get("workers", [])) if isinstance(answer, dict) else []
 
+    def replace_worker(self, old_url: str, new_url: str) -> None:
+        """Swap a recovered engine's URL (only when it came back on another address).
+
+        sglang_router's current API is ``POST /workers`` + ``DELETE /workers/{id}``; releases before it
+        only have ``/add_worker`` + ``/remove_worker``: a 404 on ``/workers`` selects those (logged).
+        """
         if old_url == new_url:
             return
-        engine_call(self.url, f"/remove_worker?url={old_url}", method="POST")
-        engine_call(self.url, f"/add_worker?url={new_url}", method="POST")
+        try:
+            answer = engine_call(self.url, "/workers")
+        except EngineHTTPError as exc:
+            if exc.status != 404:
+                raise
+            log.info("router %s has no /workers API: using /remove_worker + /add_worker", self.url)
+            engine_call(self.url, f"/remove_worker?url={quote(old_url, safe='')}", method="POST")
+            engine_call(self.url, f"/add_worker?url={quote(new_url, safe='')}", method="POST")
+            return
+        for worker in answer.get("workers", []) if isinstance(answer, dict) else []:
+            if worker.get("url") == old_url:
+                engine_call(self.url, f"/workers/{worker['id']}", method="DELETE")
+        engine_call(self.url, "/workers", method="POST", body={"url": new_url})
 
     def stop(self) -> None:
         self.process.stop()
