@@ -31,8 +31,8 @@ from forge_replay.dumps.sample import Sample
 
 # name -> (samples, prompt_len, response_len); vocab 151k (Qwen-sized), so ids pickle as 5-byte ints.
 SIZES = {
-    "30mb": (256, 1024, 11000),
-    "300mb": (1024, 4096, 26000),
+    "30mb": (256, 1024, 11500),
+    "300mb": (1024, 4096, 28500),
 }
 VOCAB = 151_936
 
