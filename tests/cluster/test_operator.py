@@ -231,3 +231,42 @@ def test_operator_killed_mid_burst_creates_exactly_one_rayjob_per_job(control_pl
     assert len(configs) == 100
     metrics = operator.metrics()
     assert 'forge_replay_operator_jobs{phase="Suspended"} 50.0' in metrics
+
+
+def _bound_claim(control_plane, namespace: str, claim: str) -> None:
+    """A PVC already bound to a hostPath PV (the test plane runs no volume binder), so KWOK can run pods."""
+    volume = f"{namespace}-{claim}"[:63]
+    apply(control_plane, [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadOnlyMany"], "storageClassName": "",
+                  "hostPath": {"path": f"/tmp/{volume}"}, "claimRef": {"namespace": namespace, "name": claim}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+         "metadata": {"name": claim, "namespace": namespace,
+                      "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+         "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Gi"}},
+                  "volumeName": volume, "storageClassName": ""}},
+    ])
+    control_plane.kubectl("patch", "pv", volume, "--subresource=status", "--type=merge",
+                          "-p", '{"status": {"phase": "Bound"}}')
+    control_plane.kubectl("patch", "pvc", claim, "-n", namespace, "--subresource=status", "--type=merge", "-p",
+                          '{"status": {"phase": "Bound", "accessModes": ["ReadOnlyMany"], "capacity": {"storage": "1Gi"}}}')
+
+
+def test_status_follows_kuberay_and_kwok_end_to_end(control_plane, operator, api, namespace) -> None:
+    """Verify pod (completed by KWOK) -> RayJob -> KubeRay's RayCluster on fake GPU nodes -> Running -> KubeRay
+    gives up (no real Ray head behind the fake pods) -> Failed with KubeRay's message."""
+    _bound_claim(control_plane, namespace, "rollout-dumps")
+    apply(control_plane, job_doc("live", namespace, replay__verify=True))
+    wait_for("DumpsVerified=True (KWOK completes the verify pod)",
+             lambda: api.condition(namespace, "live", "DumpsVerified").get("status") == "True", timeout=120)
+    status = wait_for("phase Running on a ready cluster", phase_is(api, namespace, "live", "Running"), timeout=180)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["ClusterReady"]["status"] == "True"
+    cluster = status["rayClusterName"]
+    assert cluster and api.get("ray.io/v1", "RayJob", namespace, "live")["status"]["rayClusterName"] == cluster
+    status = wait_for("phase Failed once KubeRay gives up", phase_is(api, namespace, "live", "Failed"), timeout=180)
+    assert status["message"].startswith("RayJob live")
+    assert status["completionTime"]
+    reasons = control_plane.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                    "involvedObject.name=live", "-o", "jsonpath={.items[*].reason}").stdout.split()
+    assert {"Verifying", "Running", "Failed"} <= set(reasons)
