@@ -333,7 +333,9 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         pki = self.pki_dir
-        admission = "" if self.options.controller_manager else "--disable-admission-plugins=ServiceAccount"
+        # TaintNodesByCondition would put a not-ready taint on every new node that only the node-lifecycle
+        # controller removes; KWOK's nodes are Ready at once and that controller is not run here.
+        disabled = ["TaintNodesByCondition"] + ([] if self.options.controller_manager else ["ServiceAccount"])
         argv = [
             str(self.binaries["kube-apiserver"]),
             f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
@@ -344,10 +346,8 @@ class ControlPlane:
             f"--service-account-key-file={self.sa_keys.cert}",
             f"--service-account-signing-key-file={self.sa_keys.key}",
             "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false",
-            "--endpoint-reconciler-type=none", "--v=1",
+            "--endpoint-reconciler-type=none", f"--disable-admission-plugins={','.join(disabled)}", "--v=1",
         ]
-        if admission:
-            argv.append(admission)
         apiserver = self._launch("kube-apiserver", argv)
         _wait("kube-apiserver /readyz", lambda: self._admin_get("/readyz")[0] == 200, timeout=120,
               component=apiserver, interval=0.3)
@@ -374,9 +374,16 @@ class ControlPlane:
         args = ["apply", "--server-side", "--force-conflicts", "--field-manager=forge-replay-tests", "-o", "name"]
         for path in files:
             args += ["-f", str(path)]
-        names = self.kubectl(*args).stdout.split()
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
-        installed = [n.split("/", 1)[1] for n in names]
+        installed = [n.split("/", 1)[1] for n in self.kubectl(*args).stdout.split()]
+
+        def established(name: str) -> bool:
+            # Polled here: `kubectl wait` fails outright when it reads a CRD before it has any status.
+            code, body = self._admin_get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = (json.loads(body).get("status", {}).get("conditions") or []) if code == 200 else []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        for name in installed:
+            _wait(f"CRD {name} to be Established", lambda: established(name), timeout=120, interval=0.2)
         self.installed_crds += installed
         self.log(f"CRDs installed: {', '.join(installed)}")
 
