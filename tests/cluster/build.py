@@ -193,6 +193,7 @@ def _build_binary(directory: Path, spec: BinarySpec, target: Path, log) -> float
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.partial.{os.getpid()}")
     ldflags = f"{BASE_LDFLAGS} {spec.extra_ldflags}".strip()
+    _go()  # a missing toolchain is reported before anything claims to be building
     log(f"building {spec.name:<24} ({spec.package} in tests/cluster/go/{spec.module}) ...")
     started = time.monotonic()
     try:

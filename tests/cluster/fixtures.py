@@ -18,33 +18,30 @@ import uuid
 import pytest
 
 from tests.cluster import build
-from tests.cluster.manager import ControlPlane, ControlPlaneError, Options
+from tests.cluster.manager import ControlPlane, Options
 
-_STATE: dict[str, object] = {"plane": None, "failed": False, "error": None}
+_STATE: dict[str, object] = {"plane": None, "failed": False, "kept": None}
 
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> ControlPlane:
-    """The whole control plane (etcd, kube-apiserver, controller manager, scheduler, KWOK, KubeRay, CRDs)."""
-    if _STATE["error"] is not None:
-        pytest.skip(str(_STATE["error"]))
+    """The whole control plane (etcd, kube-apiserver, controller manager, scheduler, KWOK, KubeRay, CRDs).
+
+    Skips when binaries are missing and Go is absent; a start failure is an error (pytest reports the
+    same error for every test that asks for it)."""
     options = Options()
     try:
         for name in options.binaries():
             build.binary_path(name)  # build what is missing (cached), or explain why it cannot be built
     except build.GoToolchainMissing as error:
-        _STATE["error"] = error
         pytest.skip(f"control-plane binaries are not built and cannot be: {error}")
-    plane = ControlPlane(options)
-    try:
-        plane.start()
-    except ControlPlaneError as error:
-        _STATE["error"] = f"control plane failed to start (see the first error): {str(error)[:300]}"
-        raise
+    plane = ControlPlane(options).start()
     _STATE["plane"] = plane
     yield plane
-    plane.stop(keep_logs=bool(_STATE["failed"]))
     _STATE["plane"] = None
+    plane.stop(keep_logs=bool(_STATE["failed"]))
+    if _STATE["failed"]:
+        _STATE["kept"] = plane.workdir
 
 
 @pytest.fixture
@@ -71,3 +68,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         header = f"control plane folder {plane.workdir}" + (f"; EXITED: {dead}" if dead else "")
         report.sections.append(("control plane logs", f"{header}\n{plane.log_tails(25)}"))
     return report
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _STATE["kept"] is not None:
+        terminalreporter.write_line(f"control plane logs, kubeconfig and certificates kept in {_STATE['kept']}")
