@@ -208,3 +208,10 @@ def test_round_trip_spec_yaml_spec():
     text = yaml.safe_dump(job.model_dump(mode="json", by_alias=True, exclude_none=True))
     again = parse_job(yaml.safe_load(text))
     assert again == job
+
+
+@pytest.mark.parametrize("key", ["port", "--host", "model-path", "tp-size", "base-gpu-id"])
+def test_engine_args_forge_replay_sets_itself_are_refused(key):
+    doc = forge_job()
+    doc["spec"]["rollout"]["engineArgs"] = {key: "1", "mem-fraction-static": "0.7"}
+    assert_refused(doc, f"spec.rollout.engineArgs.{key}", "set by forge-replay itself")

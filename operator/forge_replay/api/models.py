@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
+from forge_replay.api.engine_args import engine_args_problems
 
 GROUP = "forgereplay.io"
 VERSION = "v1alpha1"
@@ -221,10 +222,10 @@ class RolloutSpec(_Model):
 
     @field_validator("engine_args")
     @classmethod
-    def _no_dashes(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not key or key.startswith("-"):
-                raise ValueError(f"key {key!r} must be an sglang argument name without leading dashes")
+    def _passable_engine_args(cls, value: dict[str, str]) -> dict[str, str]:
+        problems = engine_args_problems(value)
+        if problems:
+            raise SpecInvalid([Problem(path, message) for path, message in problems])
         return value
 
     @property

@@ -24,12 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge_replay.api.engine_args import RESERVED_ENGINE_ARGS, engine_args_problems  # noqa: F401 (re-exported)
+
 log = logging.getLogger(__name__)
 
 SGLANG_LAUNCH_MODULE = "sglang.launch_server"
-
-RESERVED_ENGINE_ARGS = frozenset({"host", "port", "model-path", "tp-size", "tp", "base-gpu-id"})
-"""Server arguments forge-replay sets itself: an engineArgs entry for one of them is an error."""
 
 
 class EngineUnavailable(RuntimeError):
@@ -67,19 +66,6 @@ def resolve_engine_command(engine_command: str | None) -> list[str]:
             "or use replay.mode: debug (no engines)."
         )
     return [sys.executable, "-m", SGLANG_LAUNCH_MODULE]
-
-
-def engine_args_problems(engine_args: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(field path, message) for every engineArgs entry forge-replay cannot pass through."""
-    problems = []
-    for key in engine_args:
-        path = f"spec.rollout.engineArgs.{key}"
-        name = key[2:] if key.startswith("--") else key
-        if not name or name.startswith("-") or any(c.isspace() for c in name):
-            problems.append((path, "an engine argument name is a sglang flag name like mem-fraction-static"))
-        elif name in RESERVED_ENGINE_ARGS:
-            problems.append((path, f"--{name} is set by forge-replay itself; remove it from engineArgs"))
-    return problems
 
 
 @dataclass(frozen=True)
