@@ -93,9 +93,12 @@ def preflight(config) -> Prepared:
 
 
 def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True,
-            prepared: Prepared | None = None) -> RunReport:
+            prepared: Prepared | None = None, prefetch: bool = True) -> RunReport:
     """Replay ``config.job`` on the connected Ray: every rollout trained, progress published,
-    the report written to ``config.results_dir``. Raises :class:`ReplayRunError` with a clear message."""
+    the report written to ``config.results_dir``. Raises :class:`ReplayRunError` with a clear message.
+
+    ``prefetch=False`` (benchmarks only) requests each rollout after the previous step instead of
+    while it trains, to measure what prefetching saves."""
     import ray
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -162,8 +165,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 data_wait = time.perf_counter() - waited
                 if plan.start_engines and spec.rollout.colocate:  # before the prefetch: it would queue behind it
                     ray.get(manager.before_train_step.remote(step))  # engines release the shared GPUs
-                if step + 1 < len(rollout_ids):
-                    next_batch = manager.get_rollout.remote(rollout_ids[step + 1])  # prefetch
+                if prefetch and step + 1 < len(rollout_ids):
+                    next_batch = manager.get_rollout.remote(rollout_ids[step + 1])  # loads while this step trains
                 if batch.fallback_used:
                     log.warning("rollout %d: dump missing, trained on rollout 0's file %s (fallbackToFirst)",
                                 rollout_id, batch.path)
@@ -179,6 +182,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                     summary = ray.get(manager.evaluate.remote(rollout_id))
                     report.evals.append(EvalRecord(after_rollout_id=rollout_id, **asdict(summary)))
                 publish(step + 1)
+                if not prefetch and step + 1 < len(rollout_ids):
+                    next_batch = manager.get_rollout.remote(rollout_ids[step + 1])
                 progress.update(task, advance=1, info=f"loss {record.loss:.4f}"
                                 + (" [yellow]fallback[/]" if record.fallback_used else ""))
         if spec.trainer.memory_snapshot and settings.use_gpu and config.results_dir:

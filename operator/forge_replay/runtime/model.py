@@ -70,13 +70,21 @@ def vocab_size_of(source: str | dict) -> int | None:
     return getattr(AutoConfig.from_pretrained(source), "vocab_size", None)
 
 
-def build_model(source: str | dict, *, seed: int, gradient_checkpointing: bool):
-    """Instantiate the causal LM in float32 on CPU (FSDP keeps float32 master weights and
-    computes in the trainer dtype). Every rank builds the same weights from ``seed``."""
-    from transformers import AutoModelForCausalLM
+def build_model(source: str | dict, *, seed: int, gradient_checkpointing: bool, on_meta: bool = False):
+    """Instantiate the causal LM in float32 (FSDP keeps float32 master weights and computes in the
+    trainer dtype): random init from ``seed``, or the checkpoint's weights.
+
+    ``on_meta`` builds the structure only (no memory, no init): ranks other than 0 do that and
+    receive rank 0's weights after sharding, so a node holds one full copy, not one per GPU.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    if isinstance(source, dict):
+    if on_meta:
+        config = config_from_dict(source) if isinstance(source, dict) else AutoConfig.from_pretrained(source)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    elif isinstance(source, dict):
         model = AutoModelForCausalLM.from_config(config_from_dict(source), attn_implementation="sdpa", dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", dtype=torch.float32)

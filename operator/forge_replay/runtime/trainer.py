@@ -109,21 +109,39 @@ class TrainerRank:
         self.probe = MemoryProbe(self.rank, self.device)
 
     def setup(self, source: str | dict) -> dict:
-        """Build the model (same seed on every rank), shard it with FSDP2, create AdamW."""
+        """Build the model, shard it with FSDP2, create AdamW.
+
+        Rank 0 builds the real weights (seeded random init or the checkpoint); the other ranks build
+        on the meta device and receive rank 0's weights by broadcast after sharding.
+        """
         import torch
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         from forge_replay.runtime.model import build_model, torch_dtype, transformer_blocks
 
         dtype = torch_dtype(self.settings.dtype)
-        model = build_model(source, seed=self.settings.seed, gradient_checkpointing=self.settings.gradient_checkpointing)
+        spread = self.settings.world_size > 1
+        model = build_model(source, seed=self.settings.seed, gradient_checkpointing=self.settings.gradient_checkpointing,
+                            on_meta=spread and self.rank != 0)
+        full_state = dict(model.state_dict()) if spread and self.rank == 0 else {}
         num_params = sum(p.numel() for p in model.parameters())
         mesh = init_device_mesh("cuda" if self.settings.use_gpu else "cpu", (self.settings.world_size,))
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for block in transformer_blocks(model):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
+        if spread:
+            if self.rank != 0:
+                model.to_empty(device=self.device)
+            set_model_state_dict(
+                model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            )
+            for _, buffer in model.named_buffers():  # non-persistent buffers (rotary inv_freq) are not in the state
+                dist.broadcast(buffer, src=0)
+            del full_state
         self.model = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.settings.learning_rate)
         if self.settings.memory_snapshot:
