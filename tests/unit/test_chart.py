@@ -236,6 +236,9 @@ def test_cluster_mode_rbac_is_least_privilege() -> None:
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": service_account["name"],
                                         "namespace": RELEASE_NAMESPACE}]
     for rule in _rules(objects, "ClusterRole"):
+        if rule["resources"] == ["forgereplayjobs/finalizers"]:
+            assert rule["verbs"] == ["update"], rule  # the one update: blockOwnerDeletion on our own jobs
+            continue
         assert not set(rule["verbs"]) & FORBIDDEN_VERBS, rule
         assert not set(rule["resources"]) & FORBIDDEN_RESOURCES, rule
         assert "*" not in rule["apiGroups"] and "resourceNames" not in rule, rule

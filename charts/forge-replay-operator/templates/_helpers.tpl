@@ -44,27 +44,29 @@ The permissions the operator uses in a namespace it watches: exactly the verbs a
 in docs/operator.md (one rule list for the ClusterRole and for every namespaced Role).
 */}}
 {{- define "forge-replay-operator.rules" -}}
-# ForgeReplayJobs: watched by kopf, which patches its own annotations (progress, finalizer).
+# ForgeReplayJobs: watched by kopf, which patches its own annotations (progress, diff base).
 - apiGroups: ["forgereplay.io"]
   resources: ["forgereplayjobs"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["forgereplay.io"]
   resources: ["forgereplayjobs/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
+# Children carry owner references with blockOwnerDeletion, which clusters running the
+# OwnerReferencesPermissionEnforcement admission plugin only allow to whoever may update the owner's finalizers.
+- apiGroups: ["forgereplay.io"]
+  resources: ["forgereplayjobs/finalizers"]
+  verbs: ["update"]
 # The RayJob of each ForgeReplayJob (suspend/resume patch it); deletion goes through owner references.
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# The dump-verification Job and the pods whose output becomes the DumpsVerified message.
+# The dump-verification Job, and its pods (their termination message becomes the DumpsVerified message).
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
-- apiGroups: [""]
-  resources: ["pods/log"]
-  verbs: ["get"]
 # The job config and the progress ConfigMap the runtime publishes into. The operator must itself hold
 # get/patch on configmaps to grant them to the runtime's Role (RBAC forbids escalation).
 - apiGroups: [""]
@@ -77,7 +79,7 @@ in docs/operator.md (one rule list for the ClusterRole and for every namespaced 
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create"]
-# Events on each phase transition (the reconciler's and kopf's own).
+# Events on each phase transition (the reconciler's and kopf's own, both core v1).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
