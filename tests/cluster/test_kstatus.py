@@ -144,3 +144,15 @@ def test_unobserved_spec_change_is_in_progress_until_the_operator_catches_up(con
     _, argo, obj = wait_health(control_plane, namespace, "later", "InProgress", "Suspended")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
     assert obj["status"]["phase"] == "Suspended"
+
+
+def test_kstatus_build_key_tracks_main_go() -> None:
+    """The builder rebuilds when binaries.txt changes; binaries.txt pins main.go's hash, so edits rebuild."""
+    import hashlib
+    from pathlib import Path
+
+    module = Path(__file__).resolve().parent / "go" / "kstatus"
+    digest = hashlib.sha256((module / "main.go").read_bytes()).hexdigest()[:16]
+    assert f"# main.go sha256: {digest}" in (module / "binaries.txt").read_text(), (
+        f"tests/cluster/go/kstatus/main.go changed: put `# main.go sha256: {digest}` in its binaries.txt "
+        "(the build cache would otherwise keep the old binary)")
