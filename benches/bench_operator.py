@@ -65,7 +65,8 @@ def main() -> None:
         namespace = "bench"
         plane.kubectl("create", "namespace", namespace)
         workdir = Path(tempfile.mkdtemp(prefix="forge-replay-bench-"))
-        operator = OperatorProcess(str(plane.kubeconfig), [namespace], workdir / "operator.log").start()
+        operator = OperatorProcess(str(plane.kubeconfig), [namespace], workdir / "operator.log",
+                                  "--resync-seconds", "60").start()  # the production default
         try:
             kube = api.kube
             # Baseline: a direct create of the same RayJob, until a GET sees it.

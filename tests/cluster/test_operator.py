@@ -229,8 +229,9 @@ def test_operator_killed_mid_burst_creates_exactly_one_rayjob_per_job(control_pl
     assert sorted(r["metadata"]["name"] for r in rayjobs) == names
     configs = api.kube.list("v1", "ConfigMap", namespace, "app.kubernetes.io/managed-by=forge-replay")
     assert len(configs) == 100
-    metrics = operator.metrics()
-    assert 'forge_replay_operator_jobs{phase="Suspended"} 50.0' in metrics
+    # the restarted process learns every job's phase (resume handlers, then resync) for its jobs-by-phase gauge
+    wait_for("the jobs gauge at 50 Suspended",
+             lambda: 'forge_replay_operator_jobs{phase="Suspended"} 50.0' in operator.metrics(), timeout=60)
 
 
 def _bound_claim(control_plane, namespace: str, claim: str) -> None:

@@ -127,10 +127,11 @@ class Reconciler:
             return None
         previous = body.get("status") or {}
         meta = body["metadata"]
-        launched = self._launched(namespace, name, meta.get("uid"))
+        rayjob = self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
         try:
             job = parse_job({k: v for k, v in body.items() if k != "status"})
         except SpecInvalid as invalid:
+            launched = self._launched(namespace, name, meta.get("uid"))
             if launched is None:
                 status = status_for_invalid_spec(meta.get("generation"), invalid.problems, previous)
                 return self._write_status(body, previous, status)
@@ -141,51 +142,55 @@ class Reconciler:
                 + invalid_spec_message(invalid.problems),
             )
             effective = self._as_current(launched.job, body, suspend=launched.job.spec.suspend)
-            return self._drive(body, effective, previous, refusal)
+            return self._drive(body, effective, previous, refusal, rayjob)
+        if rayjob is not None:
+            self._check_owner(rayjob, job)
         refusal = None
         effective = job
-        if launched is not None:
-            refusal = refusal_for_change(launched.job, job)
-            if refusal is not None:
-                effective = self._as_current(launched.job, body, suspend=job.spec.suspend)
-        return self._drive(body, effective, previous, refusal)
+        launched_hash = ((rayjob or {}).get("metadata", {}).get("annotations") or {}).get(naming.ANNOTATION_SPEC_HASH)
+        # Steady state (the RayJob carries this spec's hash) needs no read of the launched spec.
+        if launched_hash != spec_hash(job):
+            launched = self._launched(namespace, name, meta.get("uid"))
+            if launched is not None:
+                refusal = refusal_for_change(launched.job, job)
+                if refusal is not None:
+                    effective = self._as_current(launched.job, body, suspend=job.spec.suspend)
+        return self._drive(body, effective, previous, refusal, rayjob)
 
     def _drive(
-        self, body: dict[str, Any], job: ForgeReplayJob, previous: dict[str, Any], refusal: Refusal | None
+        self,
+        body: dict[str, Any],
+        job: ForgeReplayJob,
+        previous: dict[str, Any],
+        refusal: Refusal | None,
+        rayjob: dict[str, Any] | None,
     ) -> dict[str, Any]:
         namespace, name = job.metadata.namespace, job.metadata.name
         assert namespace and name
-        objects = render(job, self.settings)
-        wanted_rayjob = objects[-1]
-        verify_obj = next((o for o in objects if o["kind"] == "Job"), None)
-        for obj in objects:
-            if obj["kind"] in ("Job", naming.RAY_KIND):
-                continue
-            self._get_or_create(obj, job)
-
-        rayjob = self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
-        if rayjob is not None:
-            self._check_owner(rayjob, job)
         launched_before = bool(previous.get("rayJobName"))
         verify_job = None
         verify_message = None
-        if verify_obj is not None and rayjob is None and not launched_before:
-            verify_job = self._get_or_create(verify_obj, job)
-            verify_message = self._verify_output(namespace, verify_obj["metadata"]["name"], verify_job)
-        elif verify_obj is not None:
-            verify_job = self.kube.get("batch/v1", "Job", namespace, naming.verify_job_name(name))
-
-        verified = verify_obj is None or verify_state(verify_job).state == "succeeded"
-        if rayjob is None and not launched_before and verified:
-            rayjob, created = self.kube.create(wanted_rayjob)
-            if created:
-                self._observe_launch(job, body)
-            else:
-                self._check_owner(rayjob, job)
+        if rayjob is None and not launched_before:
+            # Before launch: make sure every prerequisite exists, then verify, then the RayJob.
+            objects = render(job, self.settings)
+            wanted_rayjob = objects[-1]
+            verify_obj = next((o for o in objects if o["kind"] == "Job"), None)
+            for obj in objects:
+                if obj["kind"] not in ("Job", naming.RAY_KIND):
+                    self._get_or_create(obj, job)
+            if verify_obj is not None:
+                verify_job = self._get_or_create(verify_obj, job)
+                verify_message = self._verify_output(namespace, verify_obj["metadata"]["name"], verify_job)
+            if verify_obj is None or verify_state(verify_job).state == "succeeded":
+                rayjob, created = self.kube.create(wanted_rayjob)
+                if created:
+                    self._observe_launch(job, body)
+                else:
+                    self._check_owner(rayjob, job)
         elif rayjob is not None:
             rayjob = self._propagate_suspend(job, rayjob)
 
-        progress = self._progress(namespace, name)
+        progress = self._progress(namespace, name) if rayjob is not None else None
         status_job = job.model_copy(update={"status": _status_model(previous)})
         status = status_from(
             status_job, rayjob, verify_job, progress, verify_message=verify_message, refusal=refusal
