@@ -181,3 +181,18 @@ def test_cli_inconsistent_sample_names_the_index_and_field(tmp_path):
     assert result.exit_code == 1, result.output
     assert "sample 5" in result.output and "loss_mask" in result.output
     assert ray.is_initialized()  # the CLI did not shut down a Ray it did not start
+
+
+def test_entrypoint_runs_a_runtime_config_file_like_the_operator_mounts(tmp_path):
+    from forge_replay.runtime.__main__ import main
+
+    write_dump(tmp_path / "dumps" / "rollout_0.pt", 0)
+    config = config_for(job_doc("entry", "rollout_{rollout_id}.pt", 2), tmp_path / "dumps", tmp_path / "out")
+    (tmp_path / "config.yaml").write_text(config.to_yaml())
+    assert main(["--config", str(tmp_path / "config.yaml"), "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["summary"]["rollouts"] == 2 and saved["summary"]["fallbacks"] == 1
+    assert ray.is_initialized()  # joined the running Ray and left it running
+
+    (tmp_path / "bad.yaml").write_text("job: {kind: ForgeReplayJob}\n")
+    assert main(["--config", str(tmp_path / "bad.yaml")]) == 2

@@ -33,9 +33,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from forge_replay.runtime.driver import ReplayRunError, connect_ray, run_job
+    from forge_replay.runtime.driver import ALREADY_CONNECTED, ReplayRunError, connect_ray, local_cpus_needed, run_job
+    from forge_replay.runtime.trainer import trainer_settings
 
-    how = connect_ray(local=False)
+    how = connect_ray(local=False, num_cpus=local_cpus_needed(trainer_settings(config.job.spec.trainer).world_size))
     logging.getLogger(__name__).info("Ray: %s", how)
     try:
         run_job(config, fixed_cluster=False, show_progress=not args.no_progress)
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"forge-replay: run failed: {exc}", file=sys.stderr)
         return 1
     finally:
-        ray.shutdown()
+        if how != ALREADY_CONNECTED:
+            ray.shutdown()
     return 0
 
 

@@ -27,7 +27,8 @@ class ReplayRunError(RuntimeError):
 def connect_ray(*, local: bool, num_cpus: int | None = None) -> str:
     """Join the Ray cluster (``RAY_ADDRESS``, as under a KubeRay RayJob) or start a local Ray.
 
-    ``local=True`` always starts a fresh local Ray (``forge-replay run``). Returns how it connected;
+    ``local=True`` always starts a fresh local Ray (``forge-replay run``); without ``RAY_ADDRESS`` a
+    local Ray is started too (never someone else's cluster found by probing). Returns how it connected;
     ``"already connected"`` means the caller did not start Ray and must not shut it down.
     """
     import ray
@@ -35,15 +36,9 @@ def connect_ray(*, local: bool, num_cpus: int | None = None) -> str:
     if ray.is_initialized():
         return ALREADY_CONNECTED
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
-    if not local:
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address="auto", logging_level=logging.WARNING)
-            return f"joined {os.environ['RAY_ADDRESS']}"
-        try:
-            ray.init(address="auto", logging_level=logging.WARNING)
-            return "joined the local Ray cluster"
-        except ConnectionError:
-            pass
+    if not local and os.environ.get("RAY_ADDRESS"):  # a KubeRay RayJob's entrypoint runs with RAY_ADDRESS set
+        ray.init(address="auto", logging_level=logging.WARNING)
+        return f"joined {os.environ['RAY_ADDRESS']}"
     ray.init(address="local", num_cpus=num_cpus, **quiet)
     return "started a local Ray"
 
