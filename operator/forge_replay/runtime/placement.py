@@ -22,7 +22,7 @@ def _shortage(settings: TrainerSettings, bundles: list[dict[str, float]], have: 
     return PlacementError(
         f"the trainer needs {len(bundles)} x {bundles[0]} (spec.trainer.nodes={settings.nodes}, "
         f"gpusPerNode={settings.gpus_per_node}) but the Ray cluster has {have:g} {need} in all{waited}. "
-        f"Lower spec.trainer.nodes/gpusPerNode or give Ray more resources."
+        f"Lower spec.trainer.nodes/gpusPerNode (gpusPerNode: 0 trains on CPUs) or give Ray more resources."
     )
 
 

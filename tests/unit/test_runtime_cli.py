@@ -1,0 +1,82 @@
+"""`forge-replay run` decisions that need no Ray: input errors, forge fail-fast, --synth-missing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from forge_replay.api import parse_job
+from forge_replay.runtime.cli import run, synthesize_if_absent
+
+TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+
+
+def doc(mode="debug", path="rollout_{rollout_id}.pt", num_rollouts=3, **spec):
+    body = {"replay": {"mode": mode, "dumps": {"claimName": "d", "path": path}, "numRollouts": num_rollouts},
+            "model": {"config": TINY}, "trainer": {"gpusPerNode": 0}, **spec}
+    return {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "t"}, "spec": body}
+
+
+def invoke(tmp_path, document, *args):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(document))
+    return CliRunner().invoke(run, [str(job_file), *args])
+
+
+def test_an_invalid_spec_exits_2_naming_the_field(tmp_path):
+    bad = doc()
+    bad["spec"]["replay"]["numRollouts"] = 0
+    result = invoke(tmp_path, bad)
+    assert result.exit_code == 2
+    assert "spec.replay.numRollouts" in result.output
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
+def test_forge_mode_without_sglang_or_engine_command_fails_fast(tmp_path):
+    result = invoke(tmp_path, doc(mode="forge", rollout={"numGpus": 1, "numGpusPerEngine": 1}),
+                    "--dumps-root", str(tmp_path), "--synth-missing")
+    assert result.exit_code == 2
+    assert "sglang is not installed" in result.output and "--engine-command" in result.output
+    assert not list(tmp_path.glob("rollout_*.pt"))  # refused before anything was synthesized
+
+
+def test_a_missing_dumps_root_says_which_flag_to_pass(tmp_path):
+    result = invoke(tmp_path, doc(), "--dumps-root", str(tmp_path / "nowhere"))
+    assert result.exit_code == 1
+    assert "dumps root" in result.output and "--dumps-root" in result.output and "--synth-missing" in result.output
+
+
+def test_verify_refuses_a_missing_dump_before_ray_starts(tmp_path):
+    import ray
+
+    document = doc()
+    document["spec"]["replay"]["dumps"]["fallbackToFirst"] = False
+    result = invoke(tmp_path, document, "--dumps-root", str(tmp_path))
+    assert result.exit_code == 1
+    assert "dump verification failed" in result.output and str(tmp_path / "rollout_0.pt") in result.output
+    assert not ray.is_initialized()
+
+
+def test_synth_missing_writes_dumps_only_when_none_exist(tmp_path):
+    job = parse_job(doc(num_rollouts=3))
+    messages = []
+    written = synthesize_if_absent(job, str(tmp_path / "a"), messages.append)
+    assert sorted(p.rsplit("/", 1)[1] for p in written) == ["rollout_0.pt", "rollout_1.pt", "rollout_2.pt"]
+    assert "synthesized 3 dump(s)" in messages[0]
+    # one file present: nothing is filled in (that would hide the fallback a user may be testing)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "rollout_0.pt").write_bytes((tmp_path / "a" / "rollout_0.pt").read_bytes())
+    assert synthesize_if_absent(job, str(tmp_path / "b"), messages.append) == []
+    assert sorted(f.name for f in (tmp_path / "b").iterdir()) == ["rollout_0.pt"]
+
+
+def test_synthesized_tokens_fit_the_model_vocabulary(tmp_path):
+    from forge_replay.dumps import load
+
+    job = parse_job(doc(path="fixed.pt", num_rollouts=2))
+    (path,) = synthesize_if_absent(job, str(tmp_path), lambda _: None)
+    assert max(max(s.tokens) for s in load(path).samples) < TINY["vocab_size"]
