@@ -179,6 +179,9 @@ def write_plot(report: RunReport, directory: Path) -> Path | None:
             ax_loss.axvline(r.step, color="orange", alpha=0.3)
     ax_loss.set_xlabel("step (orange: rollout 0's dump used as fallback)")
     ax_loss.set_ylabel("policy loss")
+    from matplotlib.ticker import MaxNLocator
+
+    ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_loss.grid(alpha=0.3)
     fig.tight_layout()
     path = directory / MEMORY_PLOT
