@@ -291,3 +291,61 @@ def test_cluster_wide_operator_runs_under_the_cluster_role(control_plane, namesp
         if process is not None:
             process.stop()
         uninstall_chart_for(control_plane, namespace)
+
+
+READ_ONLY_ROOT = (
+    # In a private mount namespace: the chart's emptyDir at /tmp, then the root filesystem read-only, as the
+    # Deployment's securityContext (readOnlyRootFilesystem) and volumes have it; then the operator.
+    'K="$(cat "$1")"; shift; mount -t tmpfs -o size=64m tmpfs /tmp && printf "%s" "$K" > /tmp/kubeconfig '
+    '&& mount -o remount,bind,ro / && exec env HOME=/tmp PYTHONDONTWRITEBYTECODE=1 KUBECONFIG=/tmp/kubeconfig "$@"'
+)
+
+
+def test_operator_runs_with_a_read_only_root_filesystem(control_plane, namespace, chart_sa, tmp_path) -> None:
+    """The operator as the chart runs it: read-only root, writable /tmp only, the chart's SA token."""
+    import shutil
+    import sys
+    import urllib.request
+
+    from tests.cluster.operator_harness import Api, apply, free_port
+
+    unshare = shutil.which("unshare")
+    probe = subprocess.run([unshare or "unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                            "mount -o remount,bind,ro / && ! touch /read-only-probe 2>/dev/null"],
+                           capture_output=True, text=True) if unshare else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only root here (unshare): {probe.stderr if probe else 'no unshare'}")
+    liveness, metrics = free_port(), free_port()
+    log = tmp_path / "operator-ro.log"
+    argv = [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", READ_ONLY_ROOT, "sh", str(chart_sa),
+            sys.executable, "-m", "forge_replay.controller", "--kubeconfig", "/tmp/kubeconfig",
+            "--liveness", f"http://127.0.0.1:{liveness}/healthz", "--metrics-port", str(metrics),
+            "--resync-seconds", "5", "--namespace", namespace]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def live() -> bool:
+            assert process.poll() is None, f"operator exited {process.returncode}:\n{log.read_text()[-3000:]}"
+            with urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=2) as response:
+                return response.status == 200
+
+        wait_for("the read-only operator's liveness endpoint", live, timeout=90)
+        api = Api(str(control_plane.kubeconfig))
+        apply(control_plane, job_doc("readonly", namespace))
+        wait_for("the RayJob", lambda: api.rayjob(namespace, "readonly"), timeout=90)
+        wait_for("status written", lambda: api.status(namespace, "readonly").get("rayJobName") == "readonly")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as response:
+            assert b"forge_replay_operator" in response.read()
+    finally:
+        if process.poll() is None:
+            import os
+            import signal
+
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=15)
+    text = log.read_text(errors="replace")
+    assert "Read-only file system" not in text and "forbidden" not in text.lower(), text[-3000:]
