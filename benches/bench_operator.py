@@ -47,11 +47,23 @@ def wait(check, timeout: float = 120.0, interval: float = 0.005):
 
 
 def api_requests(metrics_text: str) -> float:
-    total = 0.0
+    return sum(counters(metrics_text, "forge_replay_operator_api_requests_total").values())
+
+
+def counters(metrics_text: str, name: str) -> dict[str, float]:
+    """label set -> value of one Prometheus counter family."""
+    out = {}
     for line in metrics_text.splitlines():
-        if line.startswith("forge_replay_operator_api_requests_total{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        if line.startswith(name + "{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels[len(name):]] = float(value)
+    return out
+
+
+def per_job_breakdown(before: str, after: str, name: str, jobs: int) -> str:
+    old, new = counters(before, name), counters(after, name)
+    parts = [f"{key} {(new[key] - old.get(key, 0)) / jobs:.1f}" for key in sorted(new) if new[key] - old.get(key, 0)]
+    return ", ".join(parts)
 
 
 def main() -> None:
@@ -80,7 +92,8 @@ def main() -> None:
                 direct.append(time.perf_counter() - started)
 
             # Through the operator: create the ForgeReplayJob, until its RayJob exists / status is written.
-            before = api_requests(operator.metrics())
+            before_text = operator.metrics()
+            before = api_requests(before_text)
             to_rayjob, to_status = [], []
             for i in range(args.sequential):
                 doc = job_doc(f"seq-{i:03d}", namespace, suspend=True)
@@ -91,7 +104,12 @@ def main() -> None:
                 wait(lambda: api.status(namespace, doc["metadata"]["name"]).get("phase") == "Suspended")
                 to_status.append(time.perf_counter() - started)
             time.sleep(3)  # let child-event reconciles settle before counting
-            per_job = (api_requests(operator.metrics()) - before) / args.sequential
+            after_text = operator.metrics()
+            per_job = (api_requests(after_text) - before) / args.sequential
+            requests_breakdown = per_job_breakdown(before_text, after_text,
+                                                   "forge_replay_operator_api_requests_total", args.sequential)
+            reconcile_breakdown = per_job_breakdown(before_text, after_text,
+                                                    "forge_replay_operator_reconciles_total", args.sequential)
 
             # Burst.
             names = [f"burst-{i:03d}" for i in range(args.burst)]
@@ -127,6 +145,8 @@ def main() -> None:
     print(f"ForgeReplayJob create -> status      p50 {percentile(to_status, .5)*1000:7.1f} ms   "
           f"p95 {percentile(to_status, .95)*1000:7.1f} ms")
     print(f"reconcile API requests per job       {per_job:.1f} (kopf's own watch/patch traffic not included)")
+    print(f"  per job by request: {requests_breakdown}")
+    print(f"  reconciles per job by trigger: {reconcile_breakdown}")
     print(f"burst of {args.burst}: created in {created:.1f} s, all RayJobs after {all_rayjobs:.1f} s, "
           f"all statuses after {all_status:.1f} s ({args.burst / all_status:.1f} jobs/s)")
     print(json.dumps({"direct_p50_ms": percentile(direct, .5) * 1000, "operator_p50_ms": percentile(to_rayjob, .5) * 1000,

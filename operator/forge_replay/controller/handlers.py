@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
@@ -93,10 +94,30 @@ def on_job_event(event: dict[str, Any], namespace: str, name: str, memo: Any, **
         _reconciler(memo).forget(namespace, name)
 
 
+def _fingerprint(body: Any) -> str:
+    """What of a child matters to its owner's status: status, suspend, data (not resourceVersion etc.)."""
+    relevant = {
+        "status": body.get("status"),
+        "suspend": (body.get("spec") or {}).get("suspend"),
+        "data": body.get("data"),
+    }
+    return json.dumps(relevant, sort_keys=True, default=str)
+
+
 def _child_event(event: dict[str, Any], body: Any, namespace: str, memo: Any, trigger: str) -> None:
     owner = (body.get("metadata", {}).get("labels") or {}).get(naming.LABEL_JOB)
     if not owner:
         return
+    # Skip events that change nothing the owner's status depends on (metadata-only updates by KubeRay etc.).
+    seen = memo.setdefault("child_fingerprints", {})
+    key = (trigger, namespace, body.get("metadata", {}).get("name"))
+    if event.get("type") == "DELETED":
+        seen.pop(key, None)
+    else:
+        fingerprint = _fingerprint(body)
+        if seen.get(key) == fingerprint:
+            return
+        seen[key] = fingerprint
     try:
         _reconciler(memo).reconcile(namespace, owner, trigger)
     except (ReconcileConflict, KubeError) as exc:
@@ -118,7 +139,7 @@ def on_verify_event(event: dict[str, Any], body: Any, namespace: str, memo: Any,
 @kopf.on.event("v1", "configmaps", labels=CHILD_LABELS)
 def on_configmap_event(event: dict[str, Any], body: Any, namespace: str, memo: Any, **_: Any) -> None:
     """The runtime published progress: copy it into the owner's status."""
-    if body.get("metadata", {}).get("name", "").endswith("-progress"):
+    if body.get("metadata", {}).get("name", "").endswith("-progress") and (body.get("data") or {}):
         _child_event(event, body, namespace, memo, "progress")
 
 

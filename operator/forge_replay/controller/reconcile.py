@@ -230,10 +230,8 @@ class Reconciler:
         return launched.model_copy(update={"spec": spec, "metadata": current_meta})
 
     def _get_or_create(self, obj: dict[str, Any], job: ForgeReplayJob) -> dict[str, Any]:
-        meta = obj["metadata"]
-        existing = self.kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if existing is None:
-            existing, _ = self.kube.create(obj)
+        """Create ``obj``, or read it back when it exists (one request when new, two otherwise)."""
+        existing, _ = self.kube.create(obj)
         self._check_owner(existing, job)
         return existing
 
