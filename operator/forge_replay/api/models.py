@@ -163,7 +163,8 @@ class TrainerSpec(_Model):
     )
     gradient_checkpointing: bool = Field(default=True, description="Recompute activations in the backward pass.")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        default="bfloat16", description="Parameter and compute dtype."
+        default="bfloat16",
+        description="Compute dtype (FSDP2 mixed precision); master weights and AdamW state stay float32.",
     )
     learning_rate: float = Field(default=1.0e-6, gt=0, description="AdamW learning rate.")
     clip_eps: float = Field(default=0.2, gt=0, description="Lower PPO/GRPO ratio clip: ratio >= 1 - clipEps.")
