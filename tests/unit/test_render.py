@@ -211,3 +211,18 @@ def test_file_rendering_has_no_owner_references() -> None:
     del doc["metadata"]["uid"]
     for obj in render(parse_job(doc), SETTINGS):
         assert "ownerReferences" not in obj["metadata"]
+
+
+@pytest.mark.parametrize("case", ["forge-memtest", "debug-checkpoint"])
+def test_verify_command_is_accepted_by_the_dumps_cli(case: str, tmp_path) -> None:
+    """The verify Job's argv must parse with the real `forge-replay dumps verify` command."""
+    from forge_replay.dumps.cli import dumps
+
+    argv = verify_command(_job(case))
+    assert argv[:3] == ["forge-replay", "dumps", "verify"]
+    args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in argv[3:]]  # --root must exist here
+    verify = dumps.get_command(None, "verify")
+    ctx = verify.make_context("verify", args)
+    assert ctx.params["num_rollouts"] == _job(case).spec.replay.num_rollouts
+    assert ctx.params["template"] == _job(case).spec.replay.dumps.path
+    assert ctx.params["no_fallback"] is (not _job(case).spec.replay.dumps.fallback_to_first)
