@@ -158,7 +158,7 @@ def crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "forgereplay.io/v1alpha1"},
             "kind": {"type": "string", "description": "ForgeReplayJob"},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            "metadata": {"type": "object"},  # the API server refuses anything more on metadata
             "spec": spec_schema(),
             "status": status_schema(),
         },
