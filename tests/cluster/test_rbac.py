@@ -103,6 +103,7 @@ def operator(operator_kubeconfig, namespace, tmp_path):  # noqa: F811 (overrides
     process = OperatorProcess(operator_kubeconfig, [namespace], tmp_path / "operator.log").start()
     yield process
     process.stop()
+    print(f"--- operator log (chart ServiceAccount) ---\n{process.log_tail(80)}")
     refused = [line for line in process.log_path.read_text(errors="replace").splitlines()
                if "forbidden" in line.lower() or "not enough permissions" in line.lower()]
     assert not refused, "the operator was refused requests under the chart's RBAC:\n" + "\n".join(refused[:20])
