@@ -289,3 +289,16 @@ def test_kstatus_library_reads_every_phase_as_intended() -> None:
     out = subprocess.run([str(tool)], input=json.dumps(objects), capture_output=True, text=True, check=True)
     got = [json.loads(line)["status"] for line in out.stdout.splitlines()]
     assert got == wanted
+
+
+def test_refusal_names_every_changed_field_and_ignores_suspend() -> None:
+    from forge_replay.controller.reconcile import changed_fields, refusal_for_change
+
+    launched = job()
+    assert refusal_for_change(launched, job(suspend=True)) is None
+    changed = job(trainer__nodes=2, replay__numRollouts=9, suspend=True)
+    refusal = refusal_for_change(launched, changed)
+    assert refusal is not None and refusal.reason == "SpecChangeRefused"
+    assert "spec.replay.numRollouts" in refusal.message and "spec.trainer.nodes" in refusal.message
+    assert "spec.suspend" not in refusal.message
+    assert changed_fields({"a": {"b": 1, "c": [1]}}, {"a": {"b": 2, "c": [1]}, "d": 0}) == ["spec.a.b", "spec.d"]
