@@ -88,7 +88,7 @@ def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 def test_chart_crd_is_a_byte_copy_of_the_generated_crd() -> None:
     assert CHART_CRD_COPY.read_bytes() == GENERATED_CRD.read_bytes(), (
         f"{CHART_CRD_COPY.relative_to(REPO)} differs from the generated {GENERATED_CRD.relative_to(REPO)}: "
-        f"run `cp {GENERATED_CRD.relative_to(REPO)} {CHART_CRD_COPY.relative_to(REPO)}`"
+        f"run scripts/generate (or `cp {GENERATED_CRD.relative_to(REPO)} {CHART_CRD_COPY.relative_to(REPO)}`)"
     )
 
 
