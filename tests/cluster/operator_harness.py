@@ -186,3 +186,57 @@ class Api:
 def apply(control_plane: Any, doc: dict[str, Any] | list[dict[str, Any]]) -> None:
     docs = doc if isinstance(doc, list) else [doc]
     control_plane.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+
+
+# The operator's API access as docs/operator.md lists it (namespaced part), for least-privilege runs:
+# FORGE_REPLAY_OPERATOR_KUBECONFIG_FACTORY=tests.cluster.operator_harness:least_privilege_kubeconfig
+OPERATOR_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["forgereplay.io"], "resources": ["forgereplayjobs"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["forgereplay.io"], "resources": ["forgereplayjobs/status"], "verbs": ["patch"]},
+    {"apiGroups": ["forgereplay.io"], "resources": ["forgereplayjobs/finalizers"], "verbs": ["update"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+OPERATOR_CLUSTER_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf observes namespaces
+]
+
+
+def least_privilege_kubeconfig(control_plane: Any, namespace: str) -> Path:
+    """A ServiceAccount in ``namespace`` holding only the documented operator rules; its token kubeconfig."""
+    name = "forge-replay-operator"
+    binding_name = f"{name}-{namespace}"[:63]
+    apply(control_plane, [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace}, "rules": OPERATOR_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": binding_name},
+         "rules": OPERATOR_CLUSTER_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": binding_name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": binding_name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    ])
+    token = control_plane.kubectl("create", "token", name, "-n", namespace, "--duration=2h").stdout.strip()
+    admin = yaml.safe_load(Path(control_plane.kubeconfig).read_text())
+    cluster = admin["clusters"][0]
+    config = {
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name, "namespace": namespace}}],
+        "current-context": name,
+    }
+    path = Path(control_plane.workdir) / f"operator-{namespace}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path

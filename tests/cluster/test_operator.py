@@ -75,8 +75,8 @@ def test_apply_creates_owned_children_and_a_rayjob(control_plane, operator, api,
                                    "involvedObject.name=shape", "-o", "jsonpath={.items[*].reason}").stdout
     assert "Launching" in events or "Running" in events
     # kopf keeps its bookkeeping in our own annotations, never in status
-    annotations = api.job(namespace, "shape")["metadata"].get("annotations") or {}
-    assert any(key.startswith("forgereplay.io/") for key in annotations)
+    wait_for("kopf's annotations under forgereplay.io/", lambda: any(
+        key.startswith("forgereplay.io/") for key in api.job(namespace, "shape")["metadata"].get("annotations") or {}))
     assert "kopf" not in api.status(namespace, "shape")
 
 
