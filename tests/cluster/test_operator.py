@@ -7,6 +7,8 @@ the RayJob's status, as KubeRay would after talking to the Ray dashboard.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.cluster.operator_harness import Api, OperatorProcess, apply, job_doc, operator_kubeconfig_for, wait_for
@@ -257,7 +259,7 @@ def test_status_follows_kuberay_and_kwok_end_to_end(control_plane, operator, api
     """Verify pod (completed by KWOK) -> RayJob -> KubeRay's RayCluster on fake GPU nodes -> Running -> KubeRay
     gives up (no real Ray head behind the fake pods) -> Failed with KubeRay's message."""
     _bound_claim(control_plane, namespace, "rollout-dumps")
-    apply(control_plane, job_doc("live", namespace, replay__verify=True))
+    apply(control_plane, job_doc("live", namespace, replay__verify=True, ttlSecondsAfterFinished=1))
     wait_for("DumpsVerified=True (KWOK completes the verify pod)",
              lambda: api.condition(namespace, "live", "DumpsVerified").get("status") == "True", timeout=120)
     status = wait_for("phase Running on a ready cluster", phase_is(api, namespace, "live", "Running"), timeout=180)
@@ -271,6 +273,13 @@ def test_status_follows_kuberay_and_kwok_end_to_end(control_plane, operator, api
     reasons = control_plane.kubectl("get", "events", "-n", namespace, "--field-selector",
                                     "involvedObject.name=live", "-o", "jsonpath={.items[*].reason}").stdout.split()
     assert {"Verifying", "Running", "Failed"} <= set(reasons)
+    # ttlSecondsAfterFinished: KubeRay deletes the Ray cluster (the GPUs) after the TTL; the result stays
+    wait_for("the RayCluster deleted after the TTL",
+             lambda: control_plane.kubectl("get", "raycluster", cluster, "-n", namespace, "--ignore-not-found",
+                                           "-o", "name").stdout.strip() == "", timeout=120)
+    time.sleep(2)
+    after = api.status(namespace, "live")
+    assert after["phase"] == "Failed" and after["rayClusterName"] == cluster
 
 
 def test_spec_the_crd_lets_through_but_validate_refuses_gets_spec_valid_false(control_plane, operator, api,
