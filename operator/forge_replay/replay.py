@@ -241,6 +241,24 @@ def _source_for(args: Any) -> ReplaySource:
         return _SOURCES[key]
 
 
+_PREFETCHERS: dict[int, Prefetcher[ReplayedRollout]] = {}
+
+
+def _load_train_prefetched(source: ReplaySource, args: Any, rollout_id: int) -> ReplayedRollout:
+    """Rollout ``rollout_id``, with the following rollouts (up to ``args.num_rollout``) loading in the
+    background while the framework trains on this one. Out-of-order calls just start a new window."""
+    total = getattr(args, "num_rollout", None)
+    end = total if isinstance(total, int) and total > rollout_id else rollout_id + 1
+    with _SOURCES_LOCK:
+        prefetcher = _PREFETCHERS.get(id(source))
+        if prefetcher is None or not prefetcher.scheduled(rollout_id):
+            if prefetcher is not None:
+                prefetcher.close()
+            prefetcher = source.prefetcher(list(range(rollout_id, end)))
+            _PREFETCHERS[id(source)] = prefetcher
+    return prefetcher.get(rollout_id)
+
+
 def _to_framework(samples: list[Sample], sample_cls: Any | None) -> list[Any]:
     if sample_cls is None:
         return samples
@@ -254,7 +272,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     rollout_id), with metrics counting fallbacks. Eval: ``RolloutFnEvalOutput(data={"forge_eval":
     {"rewards", "truncated", "samples"}})``, or ``data={}`` when the eval dump is missing.
     Reads ``args.load_forge_rollout_data``, ``args.eval_reward_key`` / ``args.reward_key`` and the
-    optional ``args.forge_replay_fallback_to_first`` (default True, as slime).
+    optional ``args.forge_replay_fallback_to_first`` (default True, as slime). With ``args.num_rollout``
+    the next rollout's dump loads in the background while the framework trains on this one.
     """
     del data_source  # replay needs no prompts
     source = _source_for(args)
@@ -274,7 +293,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
             },
             metrics={"forge_replay/eval_missing": 0},
         )
-    replayed = source.load_train(rollout_id)
+    replayed = _load_train_prefetched(source, args, rollout_id)
     logger.info(
         "forge-replay: rollout %d replays %d samples from %s%s",
         rollout_id,

@@ -171,3 +171,19 @@ def test_generate_rollout_returns_the_running_frameworks_types(dumps_dir, monkey
     out = generate_rollout(_args(dumps_dir), 0, None)
     assert isinstance(out, TrainOut) and all(isinstance(s, SlimeLikeSample) for s in out.samples)
     assert out.samples[0].tokens == slime_samples(seed=0)[0].tokens
+
+
+def test_generate_rollout_prefetches_the_next_dump_while_this_one_trains(dumps_dir):
+    replay._SOURCES.clear()
+    args = _args(dumps_dir, num_rollout=2)
+    first = generate_rollout(args, 0, data_source=None)
+    assert {s.rollout_id for s in first.samples} == {40}
+    prefetcher = replay._PREFETCHERS[id(replay._source_for(args))]
+    assert prefetcher.scheduled(1)
+    prefetcher._pending[1].result(timeout=30)  # rollout 1 was loaded in the background ...
+    (dumps_dir / "rollout_1.pt").unlink()  # ... so removing its file now changes nothing
+    second = generate_rollout(args, 1, data_source=None)
+    assert {s.rollout_id for s in second.samples} == {41}
+    assert second.metrics["forge_replay/fallback_used"] == 0
+    again = generate_rollout(args, 1, data_source=None)  # out of order: loads afresh (and falls back now)
+    assert again.metrics["forge_replay/fallback_used"] == 1

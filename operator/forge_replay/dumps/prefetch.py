@@ -41,6 +41,11 @@ class Prefetcher(Generic[T]):
             self._pending[rollout_id] = self._pool.submit(self._load, rollout_id)
             self._next += 1
 
+    def scheduled(self, rollout_id: int) -> bool:
+        """True when ``rollout_id`` is loading or loaded and not yet taken with :meth:`get`."""
+        with self._lock:
+            return not self._closed and rollout_id in self._pending
+
     def get(self, rollout_id: int) -> T:
         """The item for ``rollout_id``; blocks until loaded, then starts loading the following one."""
         with self._lock:
