@@ -98,7 +98,7 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
               help="Reconcile unfinished jobs this often even without events; 0 to disable.")
 @click.option("--watch-server-timeout", default=300, show_default=True, type=int,
               help="Seconds before the API server ends a watch and kopf reconnects (catches silent stalls).")
-@click.option("--runtime-uid", default=1000, show_default=True, type=int,
+@click.option("--runtime-uid", default=10001, show_default=True, type=int,
               help="Non-root UID/GID of the runtime pods.")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def operator(

@@ -21,7 +21,7 @@ class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     """Namespaces watched; empty means the whole cluster."""
 
-    runtime_uid: int = 1000
+    runtime_uid: int = 10001
     """Non-root UID/GID the runtime pods run as (the runtime image's user)."""
 
     head_cpu: str = "2"
