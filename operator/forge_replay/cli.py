@@ -23,6 +23,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Packages of the `runtime` extra: the base install (operator, validate, render, crd) has none of them.
+RUNTIME_PACKAGES = {"torch", "ray", "transformers", "numpy", "matplotlib", "psutil"}
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
@@ -34,7 +38,15 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module_name, attr = entry[0].split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] in RUNTIME_PACKAGES:
+                raise click.ClickException(
+                    f"`forge-replay {name}` needs the runtime extra ({exc.name} is not installed): "
+                    "pip install 'forge-replay[runtime]'"
+                ) from None
+            raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Listing commands must not import them (torch and ray take seconds to import).
