@@ -154,6 +154,9 @@ def test_verify_failure_blocks_the_rayjob_and_reports_what_verify_printed(contro
     command = verify["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:3] == ["forge-replay", "dumps", "verify"]
     pod = wait_for("the verify pod", lambda: _pod_of(api, namespace, "badverify-verify"))
+    # there is no dumps PVC in this namespace: the status says why verification does not progress
+    wait_for("the unschedulable reason in the status", lambda: "rollout-dumps" in (
+        api.status(namespace, "badverify").get("message") or ""), timeout=60)
     printed = "rollout 2: run/rollout_2.pt: missing (fallbackToFirst would use run/rollout_0.pt)\nFAILED: 1 of 4"
     _finish_pod(api, pod, exit_code=1, message=printed)
     status = wait_for("phase Failed", phase_is(api, namespace, "badverify", "Failed"), timeout=90)

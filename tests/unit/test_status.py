@@ -302,3 +302,26 @@ def test_refusal_names_every_changed_field_and_ignores_suspend() -> None:
     assert "spec.replay.numRollouts" in refusal.message and "spec.trainer.nodes" in refusal.message
     assert "spec.suspend" not in refusal.message.split(")")[0]  # the list of changed fields
     assert changed_fields({"a": {"b": 1, "c": [1]}}, {"a": {"b": 2, "c": [1]}, "d": 0}) == ["spec.a.b", "spec.d"]
+
+
+def test_verify_pod_notes_say_why_verification_is_stuck_or_what_it_printed() -> None:
+    from forge_replay.controller.status import verify_pod_note
+
+    unschedulable = {"metadata": {"name": "memtest-verify-x"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": '0/3 nodes are available: persistentvolumeclaim "dumps" not found.'}]}}
+    note = verify_pod_note([unschedulable], failed=False)
+    assert note == 'pod memtest-verify-x cannot be scheduled: 0/3 nodes are available: persistentvolumeclaim "dumps" not found.'
+    status = status_from(job(), None, verify("running"), None, verify_message=note, now=NOW)
+    assert status["phase"] == "Verifying" and "persistentvolumeclaim" in status["message"]
+    pulling = {"metadata": {"name": "p"}, "status": {"containerStatuses": [
+        {"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]}}
+    assert verify_pod_note([pulling], failed=False) == "pod p: ImagePullBackOff: no such image"
+    creating = {"metadata": {"name": "p"}, "status": {"containerStatuses": [
+        {"state": {"waiting": {"reason": "ContainerCreating"}}}]}}
+    assert verify_pod_note([creating], failed=False) is None
+    failed = {"metadata": {"name": "p"}, "status": {"containerStatuses": [
+        {"state": {"terminated": {"exitCode": 1, "message": "rollout 3 missing"}}}]}}
+    assert verify_pod_note([failed], failed=True) == "rollout 3 missing"
+    silent = {"metadata": {"name": "p"}, "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 137}}}]}}
+    assert verify_pod_note([silent], failed=True) == "exit code 137 (Error), no output"

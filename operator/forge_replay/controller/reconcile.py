@@ -36,6 +36,7 @@ from forge_replay.controller.status import (
     same_status,
     status_for_invalid_spec,
     status_from,
+    verify_pod_note,
     verify_state,
 )
 
@@ -246,18 +247,12 @@ class Reconciler:
             )
 
     def _verify_output(self, namespace: str, job_name: str, verify_job: dict[str, Any]) -> str | None:
-        """The verify pod's termination message (what `forge-replay dumps verify` printed), once it failed."""
-        if verify_state(verify_job).state != "failed":
+        """What the verify pod printed once it failed, or why it is stuck while it runs (None when done)."""
+        state = verify_state(verify_job).state
+        if state == "succeeded":
             return None
         pods = self.kube.list("v1", "Pod", namespace, f"job-name={job_name}")
-        for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
-            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-                terminated = (cs.get("state") or {}).get("terminated") or {}
-                if terminated.get("message"):
-                    return terminated["message"]
-                if terminated:
-                    return f"exit code {terminated.get('exitCode')} ({terminated.get('reason') or 'Error'})"
-        return None
+        return verify_pod_note(pods, failed=state == "failed")
 
     def _propagate_suspend(self, job: ForgeReplayJob, rayjob: dict[str, Any]) -> dict[str, Any]:
         """spec.suspend -> RayJob.spec.suspend. With a Kueue queue, Kueue owns resuming (it admits)."""

@@ -80,6 +80,28 @@ def verify_state(verify_job: dict[str, Any] | None, verify_message: str | None =
     return VerifyState("running")
 
 
+def verify_pod_note(pods: list[dict[str, Any]], *, failed: bool) -> str | None:
+    """What the verify pods say: the termination message once failed, else why the pod is stuck (if it is)."""
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
+        name = pod["metadata"]["name"]
+        status = pod.get("status") or {}
+        for cs in status.get("containerStatuses") or []:
+            state = cs.get("state") or {}
+            terminated = state.get("terminated") or {}
+            if failed and terminated.get("message"):
+                return terminated["message"]
+            if failed and terminated:
+                return f"exit code {terminated.get('exitCode')} ({terminated.get('reason') or 'Error'}), no output"
+            waiting = state.get("waiting") or {}
+            if not failed and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+                return f"pod {name}: {waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
+        if not failed:
+            for cond in status.get("conditions") or []:
+                if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                    return f"pod {name} cannot be scheduled: {cond.get('message') or cond.get('reason')}"
+    return None
+
+
 def status_from(
     job: ForgeReplayJob,
     rayjob: dict[str, Any] | None,
@@ -102,7 +124,7 @@ def status_from(
     if spec.replay.verify:
         dumps = {
             "absent": _Cond("Unknown", "Pending", "the verify Job is about to be created"),
-            "running": _Cond("Unknown", "Verifying", f"verify Job {name}-verify is checking the dumps"),
+            "running": _Cond("Unknown", "Verifying", _verifying_message(name, verify_message)),
             "succeeded": _Cond("True", "Verified", "every dump the job needs exists and loads"),
             "failed": _Cond("False", "VerifyFailed", verify.message),
         }[verify.state]
@@ -138,7 +160,7 @@ def status_from(
         phase, reason, message = "Pending", "Pending", "creating the verify Job"
         cluster = _Cond("False", "WaitingForVerification", "the RayJob is created once the dumps are verified")
     elif spec.replay.verify and verify.state == "running":
-        phase, reason, message = "Verifying", "Verifying", f"verify Job {name}-verify is checking the dumps"
+        phase, reason, message = "Verifying", "Verifying", _verifying_message(name, verify_message)
         cluster = _Cond("False", "WaitingForVerification", "the RayJob is created once the dumps are verified")
     else:
         phase, reason, message = "Launching", "CreatingRayJob", f"creating RayJob {name}"
@@ -307,6 +329,11 @@ def _from_rayjob(job: ForgeReplayJob, rayjob: dict[str, Any]) -> tuple[str, str,
     )
     label = deployment or "New"
     return "Launching", "Launching", f"RayJob {name} is {label.lower()}: waiting for its Ray cluster", cluster
+
+
+def _verifying_message(name: str | None, note: str | None) -> str:
+    base = f"verify Job {name}-verify is checking the dumps"
+    return f"{base}; {note}" if note else base
 
 
 def _previous(job: ForgeReplayJob) -> dict[str, Any]:
