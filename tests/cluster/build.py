@@ -116,13 +116,23 @@ def module_dirs(root: Path = GO_MODULES_DIR) -> list[Path]:
 
 
 def module_key(module_dir: Path) -> str:
-    """Hash of the module's declaration files: a new key (and folder) whenever a pin changes."""
+    """Hash of what the build depends on: a new key (and folder) whenever a pin or a source changes.
+
+    That is the declaration files, then every other file of the module's own folder (e.g. a tool's
+    main.go or embedded data) except hidden files and Markdown notes.
+    """
     digest = hashlib.sha256()
     for name in DECLARATION_FILES:
         path = module_dir / name
         digest.update(name.encode() + b"\0")
         digest.update(path.read_bytes() if path.exists() else b"<absent>")
         digest.update(b"\0")
+    for path in sorted(module_dir.rglob("*")):
+        relative = path.relative_to(module_dir)
+        if (not path.is_file() or relative.as_posix() in DECLARATION_FILES or path.suffix == ".md"
+                or any(part.startswith(".") for part in relative.parts)):
+            continue
+        digest.update(relative.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -299,8 +309,8 @@ def build_all(names: list[str] | None = None, log=_default_log) -> dict[str, flo
         started = time.monotonic()
         binary_path(name, log=lambda message: log(f"[{index}/{len(todo)}] {message}"))
         timings[name] = time.monotonic() - started
-    for name in wanted:  # refresh the bin/ symlinks of what was already built
-        binary_path(name, build=False, log=log)
+    for name in wanted:  # refresh the bin/ symlinks (and build anything whose pins changed meanwhile)
+        binary_path(name, log=log)
     return timings
 
 

@@ -207,11 +207,11 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         started = time.monotonic()
-        for name in self.options.binaries():
-            self.binaries[name] = build.binary_path(name, log=self.log)
-        if self.options.kuberay and self.options.install_crds:
-            self.kuberay_crds_dir = build.binary_path("kuberay-crds", log=self.log)
         try:
+            for name in self.options.binaries():
+                self.binaries[name] = build.binary_path(name, log=self.log)
+            if self.options.kuberay and self.options.install_crds:
+                self.kuberay_crds_dir = build.binary_path("kuberay-crds", log=self.log)
             self._write_pki()
             self._start_etcd()
             self._start_apiserver()
@@ -228,7 +228,7 @@ class ControlPlane:
             if self.options.controller_manager:
                 self._wait_controller_manager()
         except BaseException:
-            self.stop(keep_logs=True)
+            self.stop(keep_logs=bool(self.components))  # nothing to keep if nothing ran
             raise
         self.log(f"control plane up in {time.monotonic() - started:.1f}s ({', '.join(c.name for c in self.components)}); "
                  f"logs in {self.log_dir}")

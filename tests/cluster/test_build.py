@@ -38,16 +38,23 @@ def test_malformed_declarations_name_file_and_line(tmp_path):
         build.parse_files(module)
 
 
-def test_cache_key_changes_only_when_declarations_change(tmp_path):
+def test_cache_key_changes_only_when_pins_or_sources_change(tmp_path):
     module = write_module(tmp_path, "m", "x example.test/x\n", go_sum="a v1 h1:xyz\n")
     key = build.module_key(module)
-    (module / "README").write_text("not a pin")
+    (module / "NOTES.md").write_text("not a pin")
+    (module / ".editor-swap").write_text("not a source")
     assert build.module_key(module) == key
     (module / "go.sum").write_text("a v2 h1:abc\n")
     bumped = build.module_key(module)
     assert bumped != key
     (module / "binaries.txt").write_text("x example.test/x -X v=2\n")
-    assert build.module_key(module) not in (key, bumped)
+    stamped = build.module_key(module)
+    assert stamped not in (key, bumped)
+    (module / "main.go").write_text("package main\n\nfunc main() {}\n")  # a module's own tool source
+    with_source = build.module_key(module)
+    assert with_source != stamped
+    (module / "main.go").write_text("package main\n\nfunc main() { println() }\n")
+    assert build.module_key(module) != with_source
 
 
 def test_every_committed_module_declares_something_buildable():
