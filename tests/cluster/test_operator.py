@@ -327,3 +327,15 @@ def test_rendered_objects_pass_strict_server_side_validation(control_plane, name
                                    input="\n---\n".join(json.dumps(o) for o in objects), check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(objects)
+
+
+def test_queued_job_waits_for_kueue_admission(control_plane, operator, api, namespace) -> None:
+    """With scheduling.queueName the RayJob is labelled for Kueue and created suspended (no Kueue here: it waits)."""
+    apply(control_plane, job_doc("queued", namespace, scheduling={"queueName": "h200-memtests"}))
+    rayjob = wait_for("the RayJob", lambda: api.rayjob(namespace, "queued"))
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "h200-memtests"
+    assert rayjob["spec"]["suspend"] is True
+    status = wait_for("Pending for admission", lambda: (s := api.status(namespace, "queued")).get("phase") == "Pending"
+                      and "QueuedForAdmission" in [c["reason"] for c in s["conditions"]] and s, timeout=90)
+    assert "h200-memtests" in status["message"]
+    assert api.condition(namespace, "queued", "Reconciling")["status"] == "True"

@@ -180,9 +180,9 @@ def status_from(
             _Cond("True", stalled_reason, message) if phase == "Failed" else _Cond("False", "NotStalled", "")
         )
         reconciling = (
-            _Cond("True", phase, message) if phase in IN_PROGRESS_PHASES else _Cond("False", phase, message)
+            _Cond("True", reason, message) if phase in IN_PROGRESS_PHASES else _Cond("False", reason, message)
         )
-    ready = _Cond("True", "Succeeded", message) if phase == "Succeeded" else _Cond("False", phase, message)
+    ready = _Cond("True", "Succeeded", message) if phase == "Succeeded" else _Cond("False", reason, message)
 
     conditions = {
         "Ready": ready,
