@@ -123,8 +123,10 @@ def test_debug_mode_has_no_engines_and_mounts_the_model_read_only() -> None:
     pod = groups[0]["template"]["spec"]
     assert pod["containers"][0]["image"] == "registry.example.com/forge-replay/runtime:1.2.3"
     mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
-    assert mounts[MODEL_MOUNT]["readOnly"] is True and RESULTS_MOUNT not in mounts
+    assert mounts[MODEL_MOUNT]["readOnly"] is True
     volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["results"] == {"name": "results", "emptyDir": {}}  # no results PVC: still writable
+    assert not mounts[RESULTS_MOUNT].get("readOnly")
     assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
     assert "nodeSelector" not in pod and "tolerations" not in pod
 

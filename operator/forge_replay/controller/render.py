@@ -67,7 +67,7 @@ def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeCo
     return RuntimeConfig(
         job=clean,
         dumps_root=paths.DUMPS_MOUNT,
-        results_dir=paths.RESULTS_MOUNT if job.spec.results.claim_name else None,
+        results_dir=paths.RESULTS_MOUNT,  # a PVC, or an emptyDir when spec.results.claimName is empty
         model_root=paths.MODEL_MOUNT if job.spec.model.path else None,
         engine_command=settings.engine_command,
         progress_configmap=naming.progress_map_name(_name(job)),
@@ -284,7 +284,10 @@ def _volumes(job: ForgeReplayJob, settings: OperatorSettings) -> tuple[list[dict
     results = job.spec.results.claim_name
     if results:
         volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": results}})
-        mounts.append({"name": "results", "mountPath": paths.RESULTS_MOUNT})
+    else:
+        # No results PVC: the runtime still writes its report somewhere writable (lost with the pod).
+        volumes.append({"name": "results", "emptyDir": {}})
+    mounts.append({"name": "results", "mountPath": paths.RESULTS_MOUNT})
     return volumes, mounts
 
 
