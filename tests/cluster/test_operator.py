@@ -339,3 +339,15 @@ def test_queued_job_waits_for_kueue_admission(control_plane, operator, api, name
                       and "QueuedForAdmission" in [c["reason"] for c in s["conditions"]] and s, timeout=90)
     assert "h200-memtests" in status["message"]
     assert api.condition(namespace, "queued", "Reconciling")["status"] == "True"
+
+
+def test_foreign_object_with_a_child_name_is_never_adopted(control_plane, operator, api, namespace) -> None:
+    """A ConfigMap named like a child but not owned by the job: the operator stops and says which object."""
+    control_plane.kubectl("create", "configmap", "squatter-config", "-n", namespace, "--from-literal=a=b")
+    apply(control_plane, job_doc("squatter", namespace))
+    message = wait_for("the conflict in status.message",
+                       lambda: "squatter-config" in (m := api.status(namespace, "squatter").get("message") or "") and m)
+    assert "not owned by ForgeReplayJob squatter" in message
+    assert api.rayjob(namespace, "squatter") is None
+    control_plane.kubectl("delete", "configmap", "squatter-config", "-n", namespace)
+    wait_for("the RayJob once the foreign object is gone", lambda: api.rayjob(namespace, "squatter"), timeout=90)

@@ -25,7 +25,7 @@ from forge_replay.api.paths import CONFIG_FILE
 from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.controller import metrics, naming
-from forge_replay.controller.kube import Kube
+from forge_replay.controller.kube import Kube, KubeError
 from forge_replay.controller.render import frozen_spec, render, spec_hash
 from forge_replay.controller.settings import OperatorSettings
 from forge_replay.controller.status import (
@@ -120,7 +120,17 @@ class Reconciler:
                 return self._reconcile(namespace, name)
         except Exception as exc:
             metrics.ERRORS.labels(error=type(exc).__name__).inc()
+            if isinstance(exc, (ReconcileConflict, KubeError)):
+                self._report_error(namespace, name, exc)
             raise
+
+    def _report_error(self, namespace: str, name: str, exc: Exception) -> None:
+        """Put a failing reconcile's reason into status.message (best effort; it is retried)."""
+        message = f"reconcile failed, retrying: {exc}"[:2000]
+        try:
+            self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": {"message": message}}, status=True)
+        except Exception as patch_error:  # the original error is what gets raised and logged
+            log.warning("could not report the reconcile error on %s/%s: %s", namespace, name, patch_error)
 
     def _reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
         body = self.kube.get(API_VERSION, KIND, namespace, name)
