@@ -28,7 +28,12 @@ class RuntimeConfig(_Model):
 
     def to_yaml(self) -> str:
         """Serialize as the YAML the runtime reads back."""
-        return yaml.safe_dump(self.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=False)
+        doc = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # Top-level None is meaningful (no results dir, no model volume): keep it, or it would read back as the default.
+        for name, field in type(self).model_fields.items():
+            if name != "job":
+                doc[field.alias or name] = getattr(self, name)
+        return yaml.safe_dump(doc, sort_keys=False)
 
     @classmethod
     def from_file(cls, path: str | Path) -> RuntimeConfig:
