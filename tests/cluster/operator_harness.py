@@ -108,7 +108,8 @@ class OperatorProcess:
                 "--metrics-port", str(self.metrics_port), "--resync-seconds", "5", *self.extra]
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
-        env = dict(os.environ, KUBECONFIG=self.kubeconfig, PYTHONUNBUFFERED="1")
+        # Only --kubeconfig says where the cluster is: the flag itself is under test.
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | {"PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
                                         start_new_session=True)

@@ -128,6 +128,8 @@ def operator(
 
 def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, verbose: bool = False) -> None:
     """Start kopf with the forge-replay handlers until interrupted."""
+    if kubeconfig:
+        _login_with(kubeconfig)
     import kopf
 
     from forge_replay.controller import handlers  # noqa: F401  (registers the handlers)
@@ -139,8 +141,6 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if kubeconfig:
-        _login_with(kubeconfig)
     kube = Kube(kubeconfig, on_request=metrics.count_request)
     reconciler = Reconciler(kube, settings)
     if settings.metrics_port:
@@ -155,7 +155,14 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
 
 
 def _login_with(kubeconfig: str) -> None:
-    """Make kopf authenticate from this kubeconfig file (not only from $KUBECONFIG or ~/.kube)."""
+    """Make kopf authenticate from this kubeconfig file, whatever $KUBECONFIG or ~/.kube say.
+
+    kopf logs in through the kubernetes client, whose default kubeconfig path is read from
+    $KUBECONFIG once, when the module is first imported: set both.
+    """
     import os
 
+    import kubernetes.config.kube_config
+
     os.environ["KUBECONFIG"] = kubeconfig
+    kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION = kubeconfig
