@@ -201,11 +201,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 OPERATOR_CLUSTER_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf observes namespaces
 ]
 
