@@ -93,6 +93,14 @@ def test_forge_run_keeps_engines_alive_pushes_every_step_and_stops_them(tmp_path
         assert engine["stopped"] and not pid_alive(engine["starts"][0]["pid"])
         stop = json.loads((tmp_path / "double" / f"stop-{engine['starts'][0]['known']['port']}.json").read_text())
         assert stop["time"] >= last_call  # up until the run ended, stopped afterwards
+    # Weights travel through Ray's object store: each engine loads a copy staged on its own node, and the
+    # run needs no volume shared between the trainer and the engines.
+    staged = {i: {c["body"]["model_path"] for c in e["calls"] if c["path"] == "/update_weights_from_disk"}
+              for i, e in enumerate(engines.values())}
+    assert all(len(paths) == 3 for paths in staged.values())
+    assert not set.intersection(*staged.values())
+    assert all("forge-replay-engine-" in path for paths in staged.values() for path in paths)
+    assert not (tmp_path / "results" / "weights").exists()
     report = json.loads((tmp_path / "results" / "report.json").read_text())
     assert report["engines"]["engines"] == 2 and report["engines"]["weight_versions"] == ["1", "2", "3"]
     assert report["engines"]["restarts"] == 0 and report["engines"]["eval_self_probes"] == 2

@@ -157,3 +157,21 @@ def test_an_engine_on_another_node_writes_the_config_model_itself(tmp_path):
     visible = ModelSource(str(tmp_path), "dummy", from_config=True, config={"hidden_size": 8})
     (tmp_path / "config.json").write_text("{}")
     assert EngineActor(1, ["srv"], visible, 1, {}, str(tmp_path)).argv()[argv.index("--model-path") + 1] == str(tmp_path)
+
+
+def test_staged_checkpoints_keep_only_the_newest_version_and_stay_inside_their_root(tmp_path):
+    from forge_replay.runtime.weight_sync import WeightSyncError, read_checkpoint_files, stage_checkpoint
+
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.safetensors").write_bytes(b"weights")
+    (source / "sub" / "config.json").write_text("{}")
+    files = read_checkpoint_files(source)
+    assert files == {"model.safetensors": b"weights", "sub/config.json": b"{}"}
+    first = stage_checkpoint(files, tmp_path / "node", 1)
+    second = stage_checkpoint(files, tmp_path / "node", 2)
+    assert (second / "sub" / "config.json").read_text() == "{}" and not first.exists()
+    with pytest.raises(WeightSyncError, match="leaves"):
+        stage_checkpoint({"model.safetensors": b"", "../escape": b"x"}, tmp_path / "node", 3)
+    with pytest.raises(WeightSyncError, match="no \\*.safetensors"):
+        stage_checkpoint({"config.json": b"{}"}, tmp_path / "node", 4)

@@ -6,7 +6,6 @@ import sys
 
 import click
 
-from forge_replay.api.cluster_rules import cluster_problems
 from forge_replay.api.parse import DocumentError, NotAForgeReplayJob, load_documents, parse_job
 from forge_replay.api.models import SpecInvalid
 
@@ -46,8 +45,6 @@ def validate_files(files: list[str], out=None) -> int:
             else:
                 print(f"{where}: ok ({job.metadata.name or job.metadata.generate_name}, {job.spec.replay.mode} mode)",
                       file=out)
-                for problem in cluster_problems(job.spec):
-                    print(f"{where}: note: in a cluster the operator refuses this spec: {problem}", file=out)
     return worst
 
 

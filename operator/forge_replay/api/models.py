@@ -297,10 +297,7 @@ class ResultsSpec(_Model):
     claim_name: str = Field(
         default="",
         max_length=253,
-        description=(
-            "PVC (read-write) for reports: memory report JSON, plots, snapshots. In a cluster, forge mode "
-            "with engines in other pods needs it (ReadWriteMany): weights reach the engines through it."
-        ),
+        description="Optional PVC (read-write) for reports: memory report JSON, plots, snapshots.",
     )
 
     @field_validator("claim_name")

@@ -44,8 +44,7 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
     (they need the job's uid). Invalid specs print `FILE: field.path: message` and exit 1.
     """
     from forge_replay.api.models import SpecInvalid
-    from forge_replay.api.cluster_rules import parse_job_for_cluster
-    from forge_replay.api.parse import DocumentError, NotAForgeReplayJob, load_documents
+    from forge_replay.api.parse import DocumentError, NotAForgeReplayJob, load_documents, parse_job
     from forge_replay.controller.render import render as render_objects
 
     settings = OperatorSettings(runtime_image=runtime_image)
@@ -62,7 +61,7 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
     for index, doc in enumerate(docs):
         where = file if len(docs) == 1 else f"{file}[{index}]"
         try:
-            job = parse_job_for_cluster(doc)
+            job = parse_job(doc)
         except NotAForgeReplayJob as exc:
             click.echo(f"{where}: {exc}", err=True)
             failed = max(failed, 2)

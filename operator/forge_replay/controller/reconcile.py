@@ -20,7 +20,6 @@ import yaml
 from pydantic import ValidationError
 
 from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, SpecInvalid, parse_job
-from forge_replay.api.cluster_rules import parse_job_for_cluster
 from forge_replay.api.models import ForgeReplayJobStatus
 from forge_replay.api.paths import CONFIG_FILE
 from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
@@ -141,7 +140,7 @@ class Reconciler:
         meta = body["metadata"]
         rayjob = self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
         try:
-            job = parse_job_for_cluster({k: v for k, v in body.items() if k != "status"})
+            job = parse_job({k: v for k, v in body.items() if k != "status"})
         except SpecInvalid as invalid:
             launched = self._launched(namespace, name, meta.get("uid"))
             if launched is None:

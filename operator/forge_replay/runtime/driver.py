@@ -203,15 +203,19 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     return report
 
 
-def weights_for_sync(plan, group, config, step: int) -> str | None:
+def weights_for_sync(plan, group, config, step: int) -> list | None:
     """What ``after_train_step`` pushes to the engines: nothing without engines (debug mode).
 
-    Forge mode (issue 5) writes a checkpoint here that the engines load from disk.
+    Forge mode: rank 0 writes a Hugging Face checkpoint to its local disk and hands its files to Ray's
+    object store; each engine's node stages them locally (no shared volume needed). The reference is
+    wrapped in a list so the rollout manager passes it on without fetching the bytes itself.
     """
     if not plan.start_engines:
         return None
-    directory = os.path.join(config.results_dir or "/tmp/forge-replay", "weights", f"step_{step}")
-    return group.save_hf_checkpoint(directory)
+    import tempfile
+
+    directory = os.path.join(tempfile.gettempdir(), f"forge-replay-{config.job.metadata.name}-weights", f"step_{step}")
+    return [group.checkpoint_files_ref(directory)]
 
 
 def verify_or_raise(config) -> None:

@@ -406,6 +406,17 @@ class EngineActor:
         took = self.engine.wait_healthy(health_timeout_s)
         return EngineInfo(self.index, url, self.engine.pid or -1, self.node_ip, took)
 
+    def stage_checkpoint(self, files: Mapping[str, bytes], version: int) -> str:
+        """Write a checkpoint's files (fetched by Ray from the trainer's node) to this node's disk; its path.
+
+        Only the newest version is kept here."""
+        import tempfile
+
+        from forge_replay.runtime.weight_sync import stage_checkpoint
+
+        root = Path(tempfile.gettempdir()) / f"forge-replay-engine-{self.index}-{os.getpid()}-weights"
+        return str(stage_checkpoint(files, root, version))
+
     def is_alive(self) -> bool:
         return self.engine is not None and self.engine.alive()
 

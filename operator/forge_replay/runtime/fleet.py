@@ -44,6 +44,15 @@ log = logging.getLogger(__name__)
 ROLLOUT_GROUP = "rollout"
 
 
+def _is_object_ref_box(weights: object) -> bool:
+    """True for ``[ObjectRef]``: checkpoint files left in Ray's object store by the trainer (see the driver)."""
+    if not (isinstance(weights, list) and len(weights) == 1):
+        return False
+    import ray
+
+    return isinstance(weights[0], ray.ObjectRef)
+
+
 def _this_node_ip() -> str | None:
     try:
         import ray
@@ -287,10 +296,19 @@ class EngineFleet:
             self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
             self._released = False
         version = str(len(self.weight_versions) + 1)
-        config = self.model.config if self.model.from_config else None
-        checkpoint = write_versioned_checkpoint(weights, self.weights_dir, int(version), config=config)
+        if _is_object_ref_box(weights):
+            # The trainer's files are in Ray's object store: each engine's node stages its own copy.
+            import ray
+
+            staged = ray.get([e.actor.stage_checkpoint.remote(weights[0], int(version)) for e in self.engines])
+            paths = {e.info.url: Path(path) for e, path in zip(self.engines, staged)}
+            checkpoint = None
+        else:
+            config = self.model.config if self.model.from_config else None
+            checkpoint = write_versioned_checkpoint(weights, self.weights_dir, int(version), config=config)
+            paths = {url: checkpoint for url in self.urls}
         results = self._each(
-            lambda url: push_weights_from_disk(url, checkpoint, version, timeout_s=self.settings.push_timeout_s)
+            lambda url: push_weights_from_disk(url, paths[url], version, timeout_s=self.settings.push_timeout_s)
         )
         for result in results:
             for path in result.unsupported:
@@ -299,10 +317,12 @@ class EngineFleet:
                     log.warning("engine %s answers 404 to %s: that check is skipped for this run (reported)",
                                 result.url, path)
         self.weight_versions.append(version)
-        if self._previous_checkpoint is not None and self._previous_checkpoint != checkpoint:
-            shutil.rmtree(self._previous_checkpoint, ignore_errors=True)
-        self._previous_checkpoint = checkpoint
-        log.info("step %d: weight version %s pushed to %d engine(s) from %s", step, version, len(self.engines), checkpoint)
+        if checkpoint is not None:
+            if self._previous_checkpoint is not None and self._previous_checkpoint != checkpoint:
+                shutil.rmtree(self._previous_checkpoint, ignore_errors=True)
+            self._previous_checkpoint = checkpoint
+        log.info("step %d: weight version %s pushed to %d engine(s) from %s", step, version, len(self.engines),
+                 checkpoint or "each engine's node (staged through Ray's object store)")
         self._sample_memory()
         if self.injector is not None:
             for fault in self.injector.due(step):

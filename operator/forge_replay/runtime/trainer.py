@@ -222,6 +222,21 @@ class TrainerRank:
         self.model.save_pretrained(path, state_dict=state)
         return path
 
+    def checkpoint_files(self, path: str) -> dict[str, bytes] | None:
+        """Like :meth:`save_hf_checkpoint`, but rank 0 returns the files' bytes (for Ray's object store)
+        and removes its local copy."""
+        import shutil
+
+        from forge_replay.runtime.weight_sync import read_checkpoint_files
+
+        written = self.save_hf_checkpoint(path)
+        if written is None:
+            return None
+        try:
+            return read_checkpoint_files(written)
+        finally:
+            shutil.rmtree(written, ignore_errors=True)
+
     def parameter_checksum(self) -> float:
         """Sum of all full (unsharded) parameters: lets tests compare runs across world sizes."""
         import torch
@@ -281,6 +296,16 @@ class TrainerGroup:
         import ray
 
         return ray.get([r.save_hf_checkpoint.remote(path) for r in self.ranks])[0]
+
+    def checkpoint_files_ref(self, path: str):
+        """An ObjectRef to rank 0's checkpoint files (every rank takes part in the gather). The bytes stay
+        in Ray's object store until an engine's node fetches them: nothing passes through the driver."""
+        import ray
+
+        refs = [r.checkpoint_files.remote(path) for r in self.ranks]
+        ray.get(refs[1:])
+        ray.wait(refs[:1])
+        return refs[0]
 
     def parameter_checksum(self) -> float:
         import ray

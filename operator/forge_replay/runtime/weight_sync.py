@@ -1,7 +1,8 @@
 """Pushing the trainer's weights to the engines after every training step.
 
-Path used: ``POST /update_weights_from_disk`` with a checkpoint directory the trainer writes into
-storage shared with the engines (safetensors, HF ``save_pretrained`` layout), carrying the new
+Path used: ``POST /update_weights_from_disk`` with a checkpoint directory on the engine's own node
+(safetensors, HF ``save_pretrained`` layout; the trainer's files reach that node through Ray's object
+store, see :func:`stage_checkpoint`, so no volume is shared), carrying the new
 ``weight_version``; then ``/get_weight_version`` must answer that version, and ``/flush_cache``
 drops KV entries computed with the old weights. Replay sends no generation traffic, so there is
 nothing in flight to pause (``/pause_generation`` is not needed; sglang's update waits for
@@ -20,6 +21,34 @@ from pathlib import Path
 from forge_replay.runtime.engines import EngineHTTPError, engine_call
 
 WEIGHTS_DIR_PREFIX = "weights-v"
+
+CheckpointFiles = dict[str, bytes]
+"""A checkpoint directory's files by relative name: how weights travel through Ray's object store to
+engines on other nodes, so that no volume needs to be shared between the trainer and the engines."""
+
+
+def read_checkpoint_files(directory: Path) -> CheckpointFiles:
+    """Every file of a checkpoint directory, by relative name."""
+    directory = Path(directory)
+    return {str(f.relative_to(directory)): f.read_bytes() for f in sorted(directory.rglob("*")) if f.is_file()}
+
+
+def stage_checkpoint(files: Mapping[str, bytes], root: Path, version: int) -> Path:
+    """Write ``files`` to ``root/weights-v<version>`` on this node (older versions removed); the directory."""
+    target = Path(root) / f"{WEIGHTS_DIR_PREFIX}{version}"
+    if not any(name.endswith(".safetensors") for name in files):
+        raise WeightSyncError(f"checkpoint for version {version} holds no *.safetensors file to push to the engines")
+    for name, data in files.items():
+        path = (target / name).resolve()
+        if target.resolve() not in path.parents:
+            raise WeightSyncError(f"checkpoint file name {name!r} leaves {target}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    for old in Path(root).glob(f"{WEIGHTS_DIR_PREFIX}*"):
+        suffix = old.name[len(WEIGHTS_DIR_PREFIX):]
+        if suffix.isdigit() and int(suffix) < version and old != target:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 class WeightSyncError(RuntimeError):
