@@ -295,10 +295,13 @@ def test_cluster_wide_operator_runs_under_the_cluster_role(control_plane, namesp
 
 
 READ_ONLY_ROOT = (
-    # In a private mount namespace: the chart's emptyDir at /tmp, then the root filesystem read-only, as the
-    # Deployment's securityContext (readOnlyRootFilesystem) and volumes have it; then the operator.
-    'K="$(cat "$1")"; shift; mount -t tmpfs -o size=64m tmpfs /tmp && printf "%s" "$K" > /tmp/kubeconfig '
-    '&& mount -o remount,bind,ro / && exec env HOME=/tmp PYTHONDONTWRITEBYTECODE=1 KUBECONFIG=/tmp/kubeconfig "$@"'
+    # In a private mount namespace: /tmp stays writable (the chart's emptyDir there), then the root filesystem
+    # goes read-only, as the Deployment's securityContext (readOnlyRootFilesystem) and volumes have it; then the
+    # operator. /tmp is bind-mounted onto itself rather than replaced by a tmpfs: a checkout under /tmp (CI's
+    # clone may live there) must stay visible to the operator's interpreter.
+    'K="$(cat "$1")"; shift; mount --bind /tmp /tmp && D="$(mktemp -d /tmp/forge-replay-ro-XXXXXX)" '
+    '&& printf "%s" "$K" > "$D/kubeconfig" && mount -o remount,bind,ro / '
+    '&& exec env HOME="$D" PYTHONDONTWRITEBYTECODE=1 "$@" --kubeconfig "$D/kubeconfig"'
 )
 
 
@@ -319,7 +322,7 @@ def test_operator_runs_with_a_read_only_root_filesystem(control_plane, namespace
     liveness, metrics = free_port(), free_port()
     log = tmp_path / "operator-ro.log"
     argv = [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", READ_ONLY_ROOT, "sh", str(chart_sa),
-            sys.executable, "-m", "forge_replay.controller", "--kubeconfig", "/tmp/kubeconfig",
+            sys.executable, "-m", "forge_replay.controller",
             "--liveness", f"http://127.0.0.1:{liveness}/healthz", "--metrics-port", str(metrics),
             "--resync-seconds", "5", "--namespace", namespace]
     with open(log, "wb") as out:
