@@ -350,3 +350,18 @@ def test_schema_is_strict_everywhere() -> None:
     walk(schema, "")
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(defaults) == set(schema["properties"]), "values.yaml and values.schema.json list different keys"
+
+
+def test_the_operator_test_harness_grants_exactly_what_the_chart_grants() -> None:
+    """tests/cluster's least-privilege ServiceAccount and the chart must not drift apart: the operator
+    scenarios prove the harness rules enough, and the chart's own cluster tests prove the chart's."""
+    from tests.cluster.operator_harness import OPERATOR_CLUSTER_RULES, OPERATOR_RULES
+
+    def flat(rules):
+        return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
+                for v in rule["verbs"]}
+
+    (role,) = find(render_chart({"watchNamespaces": ["a"]}), "Role")
+    assert flat(OPERATOR_RULES) == flat(role["rules"])
+    (discovery,) = find(render_chart({"watchNamespaces": ["a"]}), "ClusterRole")
+    assert flat(OPERATOR_CLUSTER_RULES) == flat(discovery["rules"])
