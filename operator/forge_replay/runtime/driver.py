@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
-from forge_replay.runtime.report import EvalRecord, RunReport, combine_rank_results, memory_peak, summarize
+from forge_replay.runtime.report import RunReport, combine_rank_results, memory_peak, summarize
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +174,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                     report.time_to_first_step_seconds = time.perf_counter() - started
                 ray.get(manager.after_train_step.remote(step, weights_for_sync(plan, group, config, step)))
                 if rollout_id in eval_after:  # slime: after rollout N when (N + 1) % evalInterval == 0
-                    summary = ray.get(manager.evaluate.remote(rollout_id))
-                    report.evals.append(EvalRecord(after_rollout_id=rollout_id, **asdict(summary)))
+                    report.evals.append(ray.get(manager.evaluate.remote(rollout_id)))
                 publish(step + 1)
                 if not prefetch and step + 1 < len(rollout_ids):
                     next_batch = manager.get_rollout.remote(rollout_ids[step + 1])

@@ -38,6 +38,8 @@ class RolloutRecord:
 
 @dataclass
 class EvalRecord:
+    """What one eval reports: a missing eval dump is an empty result, flagged, never a fallback."""
+
     after_rollout_id: int
     eval_id: int
     path: str | None

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from forge_replay.runtime.batching import BatchError, build_micro_batch, plan_step
 from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
+from forge_replay.runtime.report import EvalRecord
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +43,6 @@ class RolloutBatch:
     truncated: int
     load_seconds: float
     rank_batches: list = field(repr=False)
-
-
-@dataclass
-class EvalSummary:
-    """What one eval reports: a missing eval dump is an empty result, flagged, never a fallback."""
-
-    eval_id: int
-    path: str | None
-    missing: bool
-    num_samples: int
-    reward_mean: float | None
-    truncated: int
 
 
 def forge_prerequisite_problem(engine_command: str | None) -> str | None:
@@ -186,13 +175,14 @@ class RolloutManager:
             rank_batches=rank_batches,
         )
 
-    def evaluate(self, eval_id: int) -> EvalSummary:
+    def evaluate(self, eval_id: int) -> EvalRecord:
         """Eval ``eval_id`` from its ``eval_N`` dump (no fallback: missing is an empty result)."""
         self.before_eval(eval_id)
         result = self.source.load_eval(eval_id)
         replay = self.job.spec.replay
         rewards = result.rewards(replay.eval_reward_key or replay.reward_key)
-        return EvalSummary(
+        return EvalRecord(
+            after_rollout_id=eval_id,  # slime: eval N runs after training rollout N
             eval_id=eval_id,
             path=None if result.path is None else str(result.path),
             missing=bool(result.missing),
