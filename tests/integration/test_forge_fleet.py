@@ -24,21 +24,9 @@ from forge_replay.runtime.fleet import EngineDead, EngineFleet
 from forge_replay.runtime.gating import plan_rollout_side
 from forge_replay.runtime.engines import engine_call
 
-pytestmark = [pytest.mark.ray]
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def make_job(ft_enabled: bool = False, components: list[str] | None = None, engines: int = 2):

@@ -49,16 +49,13 @@ def test_router_fronts_the_engines_swaps_a_recovered_one_and_stops(tmp_path):
 
 
 @pytest.mark.ray
-def test_fleet_runs_the_router_and_re_registers_an_engine_whose_actor_died(tmp_path):
+def test_fleet_runs_the_router_and_re_registers_an_engine_whose_actor_died(tmp_path, local_ray):
     import ray
     import torch
 
     from forge_replay.runtime.fleet import EngineFleet, FleetSettings
     from forge_replay.runtime.gating import plan_rollout_side
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     settings = FleetSettings(num_engines=2, gpus_per_engine=1, colocate=False, use_gpus=False,
                              health_interval_s=1, health_timeout_s=2, startup_timeout_s=60)
     model = ModelSource(str(tmp_path), "dummy", True, {"hidden_size": 8})
@@ -81,6 +78,4 @@ def test_fleet_runs_the_router_and_re_registers_an_engine_whose_actor_died(tmp_p
         router = fleet.router
     finally:
         fleet.shutdown()
-        if started:
-            ray.shutdown()
     assert not router.process.alive()

@@ -25,23 +25,13 @@ from forge_replay.dumps.synth import synth_samples  # noqa: E402
 from forge_replay.runtime.cli import run as run_command  # noqa: E402
 from forge_replay.runtime.driver import ReplayRunError, run_job  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
     "max_position_embeddings": 256,
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def job_doc(name, path, num_rollouts, *, nodes=1, verify=True, fallback=True, eval_interval=0, lr=1e-3,
