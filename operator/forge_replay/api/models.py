@@ -60,7 +60,6 @@ class _Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
-        validate_assignment=False,
     )
 
 

@@ -103,13 +103,13 @@ def _message(err: dict[str, Any], root: type[BaseModel]) -> str:
         if allowed:
             text += f" (allowed: {', '.join(allowed)})"
         return text
-    if kind == "value_error":
-        msg = msg.removeprefix("Value error, ")
-    shown = repr(err.get("input"))
+    if kind == "value_error":  # our own validators already name the offending value
+        return _lower_first(msg.removeprefix("Value error, "))
+    if "input" not in err or isinstance(err["input"], (dict, list)):
+        return _lower_first(msg)
+    shown = repr(err["input"])
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    if kind in ("missing", "value_error") or "input" not in err or isinstance(err.get("input"), (dict, list)):
-        return _lower_first(msg)
     return f"{_lower_first(msg)} (got {shown})"
 
 
