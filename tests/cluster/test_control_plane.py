@@ -131,6 +131,7 @@ INVALID_CASES = [
     ("unknown mode", "spec.replay.mode", "replay", "spec.replay.mode"),
     ("forge without rollout", "spec.rollout", _DELETE, "spec.rollout"),
     ("debug with rollout", "spec.replay.mode", "debug", "spec.rollout"),
+    ("tensor weight sync without colocate", "spec.rollout.weightSync", "tensor", "spec.rollout.weightSync"),
     ("engine size does not divide GPUs", "spec.rollout.numGpusPerEngine", 3, "spec.rollout.numGpusPerEngine"),
     ("dump path escapes the claim", "spec.replay.dumps.path", "../rollout_{rollout_id}.pt", "spec.replay.dumps.path"),
     ("no rollouts", "spec.replay.numRollouts", 0, "spec.replay.numRollouts"),

@@ -81,3 +81,42 @@ def test_components_may_be_any_iterable():
 def test_unknown_mode_is_refused_with_the_mode_named():
     with pytest.raises(ValueError, match="'replay'"):
         plan_rollout_side("replay", False, [])
+
+
+# weightSync x colocate x GPUs -> (path, backend); None: the spec rules refuse the combination.
+WEIGHT_SYNC_TABLE = [
+    ("auto", False, False, ("disk", None)),
+    ("auto", False, True, ("distributed", "nccl")),
+    ("auto", True, True, ("tensor", None)),
+    ("disk", False, False, ("disk", None)),
+    ("disk", True, True, ("disk", None)),
+    ("distributed", False, False, ("distributed", "gloo")),
+    ("distributed", False, True, ("distributed", "nccl")),
+    ("distributed", True, True, None),
+    ("tensor", True, True, ("tensor", None)),
+    ("tensor", False, True, None),
+]
+
+
+@pytest.mark.parametrize("choice, colocate, use_gpus, expected", WEIGHT_SYNC_TABLE)
+def test_weight_sync_plan_table(choice, colocate, use_gpus, expected):
+    from forge_replay.runtime.gating import plan_weight_sync
+
+    if expected is None:
+        with pytest.raises(ValueError, match=choice):
+            plan_weight_sync(choice, colocate, use_gpus)
+        return
+    plan = plan_weight_sync(choice, colocate, use_gpus)
+    assert (plan.path, plan.backend) == expected
+
+
+@pytest.mark.parametrize("choice, colocate", [("tensor", False), ("distributed", True)])
+def test_refused_weight_sync_combinations_are_refused_by_the_spec_too(choice, colocate):
+    """Every combination the plan raises on is one the spec rules refuse first, naming the field."""
+    from forge_replay.api import SpecInvalid, parse_job
+    from tests.unit.spec_factory import forge_job
+
+    doc = forge_job(spec__rollout={"numGpus": 2, "numGpusPerEngine": 1, "colocate": colocate, "weightSync": choice})
+    with pytest.raises(SpecInvalid) as refused:
+        parse_job(doc)
+    assert [p.path for p in refused.value.problems] == ["spec.rollout.weightSync"]

@@ -199,6 +199,16 @@ class RolloutSpec(_Model):
     num_gpus_per_engine: int = Field(ge=1, le=64, description="GPUs per engine; must divide numGpus.")
     server_concurrency: int = Field(default=512, ge=1, description="Concurrent requests per engine server.")
     colocate: bool = Field(default=False, description="Engines share the trainer's GPUs.")
+    weight_sync: Literal["auto", "disk", "tensor", "distributed"] = Field(
+        default="auto",
+        description=(
+            "How the trainer's weights reach the engines after every step: disk (/update_weights_from_disk, "
+            "a checkpoint staged on each engine's node), tensor (/update_weights_from_tensor, CUDA IPC; needs "
+            "colocate), distributed (/init_weights_update_group + /update_weights_from_distributed, a NCCL "
+            "broadcast from trainer rank 0; gloo on CPU). auto: tensor when colocated, distributed on GPUs, "
+            "disk on CPU."
+        ),
+    )
     engine_args: dict[str, str] = Field(
         default_factory=dict,
         description='Extra sglang server arguments, passed as "--key value" (e.g. mem-fraction-static: "0.7").',
@@ -351,6 +361,24 @@ def _engines_divide(spec: ForgeReplayJobSpec) -> list[Problem]:
     return []
 
 
+def _tensor_sync_needs_colocate(spec: ForgeReplayJobSpec) -> list[Problem]:
+    r = spec.rollout
+    if r is not None and r.weight_sync == "tensor" and not r.colocate:
+        return [Problem("spec.rollout.weightSync",
+                        "tensor needs colocate: true (CUDA IPC handles reach only engines on the trainer's GPUs); "
+                        "use distributed or disk for separate engine GPUs")]
+    return []
+
+
+def _distributed_sync_forbids_colocate(spec: ForgeReplayJobSpec) -> list[Problem]:
+    r = spec.rollout
+    if r is not None and r.weight_sync == "distributed" and r.colocate:
+        return [Problem("spec.rollout.weightSync",
+                        "distributed cannot be used with colocate: true (NCCL refuses two ranks on one GPU); "
+                        "use tensor, disk or auto")]
+    return []
+
+
 def _colocate_fits(spec: ForgeReplayJobSpec) -> list[Problem]:
     r, t = spec.rollout, spec.trainer
     if r is not None and r.colocate and r.num_gpus > t.nodes * t.gpus_per_node:
@@ -478,6 +506,20 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
         "spec.rollout.numGpus: colocated engines must fit on the trainer's GPUs (nodes x gpusPerNode)",
         ".rollout.numGpus",
         _colocate_fits,
+    ),
+    CrossFieldRule(
+        "rollout",
+        "!has(self.weightSync) || self.weightSync != 'tensor' || (has(self.colocate) && self.colocate)",
+        "spec.rollout.weightSync: tensor needs colocate: true (CUDA IPC reaches only engines on the trainer's GPUs)",
+        ".weightSync",
+        _tensor_sync_needs_colocate,
+    ),
+    CrossFieldRule(
+        "rollout",
+        "!has(self.weightSync) || self.weightSync != 'distributed' || !has(self.colocate) || !self.colocate",
+        "spec.rollout.weightSync: distributed cannot be used with colocate: true (NCCL refuses two ranks on one GPU)",
+        ".weightSync",
+        _distributed_sync_forbids_colocate,
     ),
     CrossFieldRule(
         "faultTolerance",

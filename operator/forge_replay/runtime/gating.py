@@ -49,3 +49,41 @@ def plan_rollout_side(mode: str, ft_enabled: bool, ft_components: Iterable[str])
         recover_before_weight_sync=rollout_ft,
         eval_fleet_self_probe=engines and not rollout_ft,
     )
+
+
+@dataclass(frozen=True)
+class WeightSyncPlan:
+    """How the trainer's weights reach the engines after every step (``spec.rollout.weightSync`` resolved)."""
+
+    path: str
+    """disk (/update_weights_from_disk), tensor (/update_weights_from_tensor) or distributed
+    (/init_weights_update_group once, then /update_weights_from_distributed with a broadcast per step)."""
+    backend: str | None
+    """The torch.distributed backend of the distributed path: nccl on GPUs, gloo on CPU; None otherwise."""
+    reason: str
+
+
+def plan_weight_sync(choice: str, colocate: bool, use_gpus: bool) -> WeightSyncPlan:
+    """Resolve ``spec.rollout.weightSync`` for a job whose engines are ``colocate``d or not, on GPUs or CPU.
+
+    ``auto`` takes what slime and miles take: CUDA IPC tensors when the engines share the trainer's
+    GPUs, a NCCL broadcast from trainer rank 0 when they have their own, and (CPU) a checkpoint on disk.
+    """
+    if choice == "auto":
+        if colocate:
+            return WeightSyncPlan("tensor", None, "auto: colocated engines read the trainer's GPU tensors (CUDA IPC)")
+        if use_gpus:
+            return WeightSyncPlan("distributed", "nccl", "auto: engines on their own GPUs get a NCCL broadcast")
+        return WeightSyncPlan("disk", None, "auto: CPU engines load a checkpoint from disk")
+    if choice == "tensor":
+        if not colocate:
+            raise ValueError("weightSync tensor needs colocate: true (the spec rules refuse this)")
+        return WeightSyncPlan("tensor", None, "spec: tensor")
+    if choice == "distributed":
+        if colocate:
+            raise ValueError("weightSync distributed cannot be used with colocate: true (the spec rules refuse this)")
+        backend = "nccl" if use_gpus else "gloo"
+        return WeightSyncPlan("distributed", backend, f"spec: distributed over {backend}")
+    if choice == "disk":
+        return WeightSyncPlan("disk", None, "spec: disk")
+    raise ValueError(f"unknown weightSync {choice!r} (expected auto, disk, tensor or distributed)")
