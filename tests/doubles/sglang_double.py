@@ -12,6 +12,11 @@ Records (JSON, under ``--record-dir`` or ``$SGLANG_DOUBLE_RECORD_DIR``, one set 
 - ``calls-<port>.jsonl``: one line per request: time, method, path, JSON body;
 - ``stop-<port>.json``: written when it is stopped by SIGTERM/SIGINT.
 
+Weights it receives are really received, so tests can compare them with the trainer's: the disk path
+reads the safetensors files, the distributed path joins the weight-sync process group (gloo, as
+sglang's engines join theirs; TP 1 only: the double is one process) and receives every broadcast.
+Both add ``"received": {"tensors": N, "abs_sum": S}`` to the answer and to the call log.
+
 Endpoints with a double-only prefix let a test make it misbehave:
 ``POST /_double/health {"healthy": false}`` makes /health_generate answer 503.
 """
@@ -67,6 +72,7 @@ class DoubleState:
         self.generation_paused = False
         self.healthy = True
         self.lock = threading.Lock()
+        self.weight_groups: dict[str, object] = {}
         self.record_dir = Path(args.record_dir) if args.record_dir else None
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True)
@@ -125,12 +131,17 @@ def make_handler(state: DoubleState) -> type[BaseHTTPRequestHandler]:
 
         def _dispatch(self, method: str, body: object) -> None:
             path = self.path.split("?", 1)[0]
-            state.record_call(method, path, body)
             handler = None if path in state.args.missing_endpoint else ROUTES.get(path)
             if handler is None:
+                state.record_call(method, path, body)
                 self._send(404, {"error": f"the sglang double does not implement {method} {path}"})
                 return
-            status, payload = handler(state, body if isinstance(body, dict) else {})
+            try:
+                status, payload = handler(state, body if isinstance(body, dict) else {})
+            except Exception as exc:  # noqa: BLE001 - answer like a server would, and say what failed
+                status, payload = 500, {"success": False, "message": f"{type(exc).__name__}: {exc}"}
+            received = payload.get("received") if isinstance(payload, dict) else None
+            state.record_call(method, path, body if received is None else {**body, "received": received})
             self._send(status, payload)
 
     return Handler
@@ -162,10 +173,74 @@ def _update_weights_from_disk(state: DoubleState, body: dict) -> tuple[int, obje
         return 400, {"success": False, "message": f"no *.safetensors under {model_path}"}
     if state.memory_released:
         return 400, {"success": False, "message": "memory released: resume it before updating weights"}
+    received = _checkpoint_summary(Path(model_path))
     state.model_path = model_path
     if body.get("weight_version") is not None and not state.args.pin_weight_version:
         state.weight_version = str(body["weight_version"])
-    return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+    return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0,
+                 "received": received}
+
+
+def _checkpoint_summary(directory: Path) -> dict | None:
+    """Tensor count and sum of absolute values of a safetensors checkpoint (None without torch)."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        return None
+    tensors = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return {"tensors": len(tensors), "abs_sum": sum(float(t.double().abs().sum()) for t in tensors.values())}
+
+
+def _init_weights_update_group(state: DoubleState, body: dict) -> tuple[int, object]:
+    """Join the trainer's weight-sync group the way sglang's engines do (a TCP store under the group's name)."""
+    import datetime
+
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    if state.args.tp_size != 1:
+        return 400, {"success": False, "message": "the double joins weight groups with --tp-size 1 only"}
+    if body.get("backend") != "gloo":
+        return 400, {"success": False, "message": f"the double (CPU) joins gloo groups only, not {body.get('backend')}"}
+    name, rank, world_size = body["group_name"], int(body["rank_offset"]), int(body["world_size"])
+    timeout = datetime.timedelta(seconds=60)
+    store, rank, world_size = next(rendezvous(f"tcp://{body['master_address']}:{body['master_port']}", rank,
+                                              world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    group, _ = _new_process_group_helper(world_size, rank, [], Backend("gloo"), PrefixStore(name, store),
+                                         group_name=name, timeout=timeout)
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    state.weight_groups[name] = group
+    return 200, {"success": True, "message": f"joined {name} as rank {rank} of {world_size}"}
+
+
+def _destroy_weights_update_group(state: DoubleState, body: dict) -> tuple[int, object]:
+    import torch.distributed as dist
+
+    group = state.weight_groups.pop(body.get("group_name"), None)
+    if group is None:
+        return 400, {"success": False, "message": f"no weight group {body.get('group_name')!r}"}
+    dist.destroy_process_group(group)
+    return 200, {"success": True, "message": ""}
+
+
+def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[int, object]:
+    """Receive one bucket by broadcast from rank 0 of the named group, in the announced order."""
+    import torch
+    import torch.distributed as dist
+
+    group = state.weight_groups.get(body.get("group_name"))
+    if group is None:
+        return 400, {"success": False, "message": f"no weight group {body.get('group_name')!r}: init it first"}
+    abs_sum = 0.0
+    for dtype, shape in zip(body["dtypes"], body["shapes"], strict=True):
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+        dist.broadcast(tensor, src=0, group=group)
+        abs_sum += float(tensor.double().abs().sum())
+    if body.get("weight_version") is not None and not state.args.pin_weight_version:
+        state.weight_version = str(body["weight_version"])
+    return 200, {"success": True, "message": "", "received": {"tensors": len(body["names"]), "abs_sum": abs_sum}}
 
 
 def _update_weight_version(state: DoubleState, body: dict) -> tuple[int, object]:
@@ -224,8 +299,9 @@ ROUTES = {
     "/update_weights_from_disk": _update_weights_from_disk,
     "/update_weight_version": _update_weight_version,
     "/update_weights_from_tensor": _update_weights_from_tensor,
-    "/init_weights_update_group": _succeed,
-    "/update_weights_from_distributed": _update_weights_from_tensor,
+    "/init_weights_update_group": _init_weights_update_group,
+    "/destroy_weights_update_group": _destroy_weights_update_group,
+    "/update_weights_from_distributed": _update_weights_from_distributed,
     "/release_memory_occupation": _release_memory,
     "/resume_memory_occupation": _resume_memory,
     "/pause_generation": _pause_generation,

@@ -23,19 +23,22 @@ TINY_LLAMA = {
 }
 
 
-def job_file(tmp_path: Path, mode: str = "forge", ft: dict | None = None, rollouts: int = 3, eval_interval: int = 0) -> Path:
+def job_file(tmp_path: Path, mode: str = "forge", ft: dict | None = None, rollouts: int = 3, eval_interval: int = 0,
+             weight_sync: str | None = None, nodes: int = 1) -> Path:
     spec: dict = {
         "replay": {"mode": mode, "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt"},
                    "numRollouts": rollouts, "evalInterval": eval_interval},
         "model": {"config": TINY_LLAMA},
-        "trainer": {"gpusPerNode": 0, "microBatchTokens": 1024, "gradientCheckpointing": False, "dtype": "float32",
+        "trainer": {"nodes": nodes, "gpusPerNode": 0, "microBatchTokens": 1024, "gradientCheckpointing": False, "dtype": "float32",
                     "nSamplesPerPrompt": 4},
     }
     if mode == "forge":
         spec["rollout"] = {"numGpus": 2, "numGpusPerEngine": 1, "engineArgs": {"mem-fraction-static": "0.5"}}
+        if weight_sync:
+            spec["rollout"]["weightSync"] = weight_sync
     if ft is not None:
         spec["faultTolerance"] = ft
-    path = tmp_path / "job.yaml"
+    path = tmp_path / f"job-{weight_sync or 'auto'}.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob",
                                     "metadata": {"name": f"{mode}-run"}, "spec": spec}))
     return path
@@ -107,9 +110,57 @@ def test_forge_run_keeps_engines_alive_pushes_every_step_and_stops_them(tmp_path
     assert "engines 2, restarts 0, weight versions 1..3" in result.stdout + result.stderr
 
 
-def test_forge_run_with_rollout_ft_recovers_an_engine_killed_mid_run(tmp_path):
+def received_by_version(engine: dict, path: str) -> dict[str, dict]:
+    """Per weight version: tensors and sum of |values| the double really received on ``path``, summed over
+    the requests (buckets) that made up that version."""
+    out: dict[str, dict] = {}
+    pending = {"tensors": 0, "abs_sum": 0.0}
+    for call in engine["calls"]:
+        if call["path"] != path:
+            continue
+        got = call["body"]["received"]
+        pending = {"tensors": pending["tensors"] + got["tensors"], "abs_sum": pending["abs_sum"] + got["abs_sum"]}
+        if call["body"].get("weight_version") is not None:
+            out[call["body"]["weight_version"]] = pending
+            pending = {"tensors": 0, "abs_sum": 0.0}
+    return out
+
+
+def test_distributed_weight_sync_broadcasts_the_same_weights_the_disk_path_loads(tmp_path):
+    """weightSync distributed over gloo with two trainer ranks: each engine joins one group, gets every
+    parameter by broadcast after every step, and what it receives equals the checkpoint of the disk path."""
+    disk_dir, dist_dir = tmp_path / "disk", tmp_path / "distributed"
+    disk_dir.mkdir(), dist_dir.mkdir()
+    disk = forge_replay_run(disk_dir, job_file(disk_dir, rollouts=2, weight_sync="disk", nodes=2))
+    assert disk.returncode == 0, disk.stderr[-3000:]
+    dist = forge_replay_run(dist_dir, job_file(dist_dir, rollouts=2, weight_sync="distributed", nodes=2))
+    assert dist.returncode == 0, dist.stderr[-3000:]
+    disk_engines, dist_engines = list(records(disk_dir).values()), list(records(dist_dir).values())
+    expected = received_by_version(disk_engines[0], "/update_weights_from_disk")
+    assert list(expected) == ["1", "2"] and expected["1"]["abs_sum"] != expected["2"]["abs_sum"]
+    groups = []
+    for engine in dist_engines:
+        paths = [c["path"] for c in engine["calls"]]
+        assert "/update_weights_from_disk" not in paths
+        inits = [c["body"] for c in engine["calls"] if c["path"] == "/init_weights_update_group"]
+        assert len(inits) == 1 and inits[0]["backend"] == "gloo" and inits[0]["world_size"] == 3
+        groups.append((inits[0]["group_name"], inits[0]["rank_offset"]))
+        got = received_by_version(engine, "/update_weights_from_distributed")
+        assert list(got) == ["1", "2"]  # one push per step, the version set once every bucket arrived
+        for version, summary in got.items():
+            assert summary["tensors"] == expected[version]["tensors"]
+            assert summary["abs_sum"] == pytest.approx(expected[version]["abs_sum"], rel=1e-9)
+        assert paths.count("/get_weight_version") == 2 and paths.count("/flush_cache") == 2
+        assert engine["stopped"] and not pid_alive(engine["starts"][0]["pid"])
+    assert sorted(rank for _, rank in groups) == [1, 2] and len({name for name, _ in groups}) == 1
+    report = json.loads((dist_dir / "results" / "report.json").read_text())["engines"]
+    assert report["weight_sync"] == "distributed" and report["weight_versions"] == ["1", "2"]
+
+
+@pytest.mark.parametrize("weight_sync", ["disk", "distributed"])
+def test_forge_run_with_rollout_ft_recovers_an_engine_killed_mid_run(tmp_path, weight_sync):
     ft = {"enabled": True, "components": ["rollout"], "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2}}
-    result = forge_replay_run(tmp_path, job_file(tmp_path, ft=ft, rollouts=3),
+    result = forge_replay_run(tmp_path, job_file(tmp_path, ft=ft, rollouts=3, weight_sync=weight_sync),
                               env={"FORGE_REPLAY_INJECT_FAULTS": "kill-engine:step=0,engine=1"})
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "results" / "report.json").read_text())["engines"]
@@ -119,9 +170,16 @@ def test_forge_run_with_rollout_ft_recovers_an_engine_killed_mid_run(tmp_path):
     restarted = [e for e in engines.values() if len(e["starts"]) == 2]
     assert len(restarted) == 1
     assert not pid_alive(restarted[0]["starts"][0]["pid"])  # the killed one stayed dead; a new one took over
+    push = "/update_weights_from_disk" if weight_sync == "disk" else "/update_weights_from_distributed"
     for engine in engines.values():
-        assert pushed_versions(engine)[-1] == "3"  # the recovered engine caught up with the latest weights
+        versions = [c["body"]["weight_version"] for c in engine["calls"] if c["path"] == push]
+        assert [v for v in versions if v][-1] == "3"  # the recovered engine caught up with the latest weights
         assert engine["stopped"] and not any(pid_alive(s["pid"]) for s in engine["starts"])
+    if weight_sync == "distributed":  # the restart formed a new weight group; the survivor left the old one
+        survivor = next(e for e in engines.values() if len(e["starts"]) == 1)
+        joined = [c["body"]["group_name"] for c in survivor["calls"] if c["path"] == "/init_weights_update_group"]
+        left = [c["body"]["group_name"] for c in survivor["calls"] if c["path"] == "/destroy_weights_update_group"]
+        assert len(joined) == 2 and joined[0] != joined[1] and left == joined[:1]
 
 
 def test_debug_run_with_train_ft_never_starts_an_engine_process(tmp_path):

@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
+from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side, plan_weight_sync
 from forge_replay.runtime.report import RunReport, combine_rank_results, memory_peak, summarize
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from forge_replay.runtime.report import render_table, write_report
     from forge_replay.runtime.rollout_manager import RolloutManager
     from forge_replay.runtime.trainer import TrainerGroup, trainer_settings
+    from forge_replay.runtime.weight_transfer import EngineWeightSync
 
     console = console or Console(stderr=True)
     started = time.perf_counter()
@@ -147,6 +148,11 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts
         group = TrainerGroup(settings, placement)
         report.num_params = group.setup(source)[0]["num_params"]
+        syncer = None
+        if plan.start_engines:
+            sync_plan = plan_weight_sync(spec.rollout.weight_sync, spec.rollout.colocate, settings.use_gpu)
+            log.info("weight sync: %s (%s)", sync_plan.path, sync_plan.reason)
+            syncer = EngineWeightSync(sync_plan, manager, group, config)
         publish(0)
         progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -172,7 +178,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 report.rollouts.append(record)
                 if step == 0:
                     report.time_to_first_step_seconds = time.perf_counter() - started
-                ray.get(manager.after_train_step.remote(step, weights_for_sync(plan, group, config, step)))
+                if syncer is not None:
+                    syncer.after_step(step)
                 if rollout_id in eval_after:  # slime: after rollout N when (N + 1) % evalInterval == 0
                     report.evals.append(ray.get(manager.evaluate.remote(rollout_id)))
                 publish(step + 1)
@@ -202,15 +209,13 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     return report
 
 
-def weights_for_sync(plan, group, config, step: int) -> list | None:
-    """What ``after_train_step`` pushes to the engines: nothing without engines (debug mode).
+def weights_for_sync(group, config, step: int) -> list:
+    """What ``after_train_step`` pushes to the engines on the disk path.
 
-    Forge mode: rank 0 writes a Hugging Face checkpoint to its local disk and hands its files to Ray's
+    Rank 0 writes a Hugging Face checkpoint to its local disk and hands its files to Ray's
     object store; each engine's node stages them locally (no shared volume needed). The reference is
     wrapped in a list so the rollout manager passes it on without fetching the bytes itself.
     """
-    if not plan.start_engines:
-        return None
     import tempfile
 
     directory = os.path.join(tempfile.gettempdir(), f"forge-replay-{config.job.metadata.name}-weights", f"step_{step}")

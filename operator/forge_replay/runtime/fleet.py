@@ -18,30 +18,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_replay.runtime.engines import (
+    EngineHTTPError,
     EngineInfo,
     EngineStartError,
     ModelSource,
     engine_actor_class,
     engine_count,
+    engine_call,
     prepare_model_source,
     probe_health,
     resolve_engine_command,
 )
 from forge_replay.runtime.eval_fleet import EvalFleet
 from forge_replay.runtime.faults import FAULTS_ENV, FaultInjector
-from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
+from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_rollout_side, plan_weight_sync
 from forge_replay.runtime.health import HealthMonitor
 from forge_replay.runtime.router import Router, plan_router, router_installed
 from forge_replay.runtime.weight_sync import (
+    WeightSyncError,
+    confirm_weights,
+    post_weight_request,
     push_weights_from_disk,
     release_memory,
     resume_memory,
     write_versioned_checkpoint,
 )
+from forge_replay.runtime.weight_transfer import (
+    ParamMeta,
+    SyncTarget,
+    WeightGroup,
+    distributed_update_body,
+    init_group_body,
+)
 
 log = logging.getLogger(__name__)
 
 ROLLOUT_GROUP = "rollout"
+NO_DISTRIBUTED_HINT = (
+    "this engine server lacks sglang's distributed weight update; set spec.rollout.weightSync: disk to push "
+    "checkpoints through /update_weights_from_disk instead"
+)
 
 
 def _is_object_ref_box(weights: object) -> bool:
@@ -94,6 +110,8 @@ class FleetSettings:
     startup_timeout_s: float = 900.0
     push_timeout_s: float = 600.0
     gpus_per_node: int = 0
+    weight_sync: str = "auto"
+    """``spec.rollout.weightSync``, resolved with :func:`plan_weight_sync` (see :attr:`EngineFleet.weight_sync`)."""
 
 
 @dataclass
@@ -141,6 +159,10 @@ class EngineFleet:
         self._released = False
         self._previous_checkpoint: Path | None = None
         self._node_ip = _this_node_ip()
+        self.weight_sync: WeightSyncPlan = plan_weight_sync(settings.weight_sync, settings.colocate, settings.use_gpus)
+        self.generation = 0
+        """Bumped whenever engines are (re)started: a distributed push then forms a new weight group."""
+        self._weight_group: WeightGroup | None = None
 
     # ------------------------------------------------------------------ construction
 
@@ -176,6 +198,7 @@ class EngineFleet:
             health_timeout_s=health.timeout_seconds,
             health_first_wait_s=health.first_wait_seconds,
             startup_timeout_s=startup_timeout_s,
+            weight_sync=rollout.weight_sync,
         )
         return cls(
             settings, plan, command, model, work_dir,
@@ -215,6 +238,7 @@ class EngineFleet:
         log.info("forge mode: starting %d engine(s): %s", self.settings.num_engines, " ".join(self.command))
         self.engines = [_Engine(i, self._new_actor(i)) for i in range(self.settings.num_engines)]
         infos = _get_unwrapped([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines])
+        self.generation += 1
         for engine, info in zip(self.engines, infos, strict=True):
             engine.info = info
             log.info("engine %d healthy at %s (pid %d) after %.1f s", info.index, info.url, info.pid, info.started_in_s)
@@ -279,13 +303,9 @@ class EngineFleet:
             self._each(lambda url: release_memory(url, timeout_s=self.settings.push_timeout_s))
             self._released = True
 
-    def after_train_step(self, step: int, weights: object) -> str:
-        """Push the new weights to every engine (recovering dead ones first under rollout FT); the version.
-
-        ``weights`` is a checkpoint dir written for this sync (safetensors, ``save_pretrained``), or a
-        model / tensor dict the fleet saves under ``weights_dir``. Once every engine has loaded a
-        version, the checkpoint dir of the version before is deleted: only the latest stays on disk.
-        """
+    def prepare_weight_sync(self, step: int) -> SyncTarget:
+        """Before any push: monitors pause, dead engines are recovered (rollout FT) or refused, colocated
+        engines take their memory back. Returns the version to push and the engines' generation."""
         if self.monitor is not None:
             self.monitor.pause()
         if self.plan.recover_before_weight_sync:
@@ -295,7 +315,17 @@ class EngineFleet:
         if self._released:
             self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
             self._released = False
-        version = str(len(self.weight_versions) + 1)
+        return SyncTarget(str(len(self.weight_versions) + 1), self.generation,
+                          tuple(self.settings.gpus_per_engine for _ in self.engines))
+
+    def after_train_step(self, step: int, weights: object) -> str:
+        """The disk path: push the new weights to every engine (recovering dead ones first under rollout FT);
+        the version.
+
+        ``weights`` is ``[ObjectRef]`` to the trainer's checkpoint files (each engine's node stages them),
+        or a model / tensor dict the fleet saves under ``weights_dir`` (only the latest version stays there).
+        """
+        version = self.prepare_weight_sync(step).version
         if _is_object_ref_box(weights):
             # The trainer's files are in Ray's object store: each engine's node stages its own copy.
             import ray
@@ -310,6 +340,58 @@ class EngineFleet:
         results = self._each(
             lambda url: push_weights_from_disk(url, paths[url], version, timeout_s=self.settings.push_timeout_s)
         )
+        if checkpoint is not None:
+            if self._previous_checkpoint is not None and self._previous_checkpoint != checkpoint:
+                shutil.rmtree(self._previous_checkpoint, ignore_errors=True)
+            self._previous_checkpoint = checkpoint
+        self._record_push(step, version, results,
+                          str(checkpoint or "each engine's node (staged through Ray's object store)"))
+        return version
+
+    def init_weight_group(self, group: WeightGroup) -> None:
+        """The distributed path: every engine joins ``group`` (trainer rank 0 joins at the same time);
+        engines still in an older group leave it first."""
+        old, self._weight_group = self._weight_group, None
+        if old is not None:
+            self._each(lambda url: self._leave_weight_group(url, old.group_name))
+        urls = self.urls
+        self._each(lambda url: post_weight_request(
+            url, "/init_weights_update_group", init_group_body(group, urls.index(url)),
+            f"joining the weight-sync group {group.group_name} at {group.master_address}:{group.master_port}",
+            timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT,
+        ))
+        self._weight_group = group
+
+    def _leave_weight_group(self, url: str, group_name: str) -> None:
+        try:
+            engine_call(url, "/destroy_weights_update_group", method="POST", body={"group_name": group_name},
+                        timeout_s=self.settings.push_timeout_s)
+        except EngineHTTPError as exc:  # a restarted engine never joined it; an older sglang has no endpoint
+            log.info("engine %s: leaving weight group %s: %s", url, group_name, exc)
+
+    def update_weights_from_distributed(self, buckets: Sequence[Sequence[ParamMeta]], version: str) -> int:
+        """The distributed path: announce every bucket to every engine while trainer rank 0 broadcasts it;
+        the last bucket carries ``version``. Returns the number of requests sent."""
+        if self._weight_group is None:
+            raise WeightSyncError("no weight-sync group formed: init_weight_group must run before a distributed push")
+        name = self._weight_group.group_name
+        for number, bucket in enumerate(buckets, start=1):
+            body = distributed_update_body(bucket, name, version if number == len(buckets) else None)
+            self._each(lambda url: post_weight_request(
+                url, "/update_weights_from_distributed", body,
+                f"bucket {number}/{len(buckets)} of weight version {version}",
+                timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT,
+            ))
+        return len(buckets) * len(self.engines)
+
+    def finish_weight_sync(self, step: int, version: str) -> str:
+        """After a tensor or distributed push: every engine must report ``version``; caches flushed."""
+        results = self._each(lambda url: confirm_weights(url, version, timeout_s=self.settings.push_timeout_s))
+        self._record_push(step, version, results, f"{self.weight_sync.path} ({self.weight_sync.reason})")
+        return version
+
+    def _record_push(self, step: int, version: str, results, source: str) -> None:
+        """Bookkeeping after every engine took ``version``: endpoints missing, memory, faults, monitors."""
         for result in results:
             for path in result.unsupported:
                 if path not in self.unsupported_endpoints:
@@ -317,12 +399,8 @@ class EngineFleet:
                     log.warning("engine %s answers 404 to %s: that check is skipped for this run (reported)",
                                 result.url, path)
         self.weight_versions.append(version)
-        if checkpoint is not None:
-            if self._previous_checkpoint is not None and self._previous_checkpoint != checkpoint:
-                shutil.rmtree(self._previous_checkpoint, ignore_errors=True)
-            self._previous_checkpoint = checkpoint
         log.info("step %d: weight version %s pushed to %d engine(s) from %s", step, version, len(self.engines),
-                 checkpoint or "each engine's node (staged through Ray's object store)")
+                 source)
         self._sample_memory()
         if self.injector is not None:
             for fault in self.injector.due(step):
@@ -332,7 +410,6 @@ class EngineFleet:
                 ray.get(self.engines[fault.engine].actor.kill.remote())
         if self.monitor is not None:
             self.monitor.resume()
-        return version
 
     def before_eval(self, eval_id: int) -> None:
         """Eval ``eval_id`` starts: the eval fleet probes itself when no monitor runs; monitors resume."""
@@ -377,6 +454,7 @@ class EngineFleet:
                 engine.actor = self._new_actor(engine.index)
             log.warning("recovering engine %d (%s) before the weight sync", engine.index, why)
             engine.info = _get_unwrapped(engine.actor.start.remote(self.settings.startup_timeout_s))
+            self.generation += 1
             engine.restarts += 1
             engine.stopped_by_monitor = False
             if self.router is not None and old_url:
@@ -409,6 +487,7 @@ class EngineFleet:
             "restarts": sum(e.restarts for e in self.engines),
             "restarts_by_engine": [e.restarts for e in self.engines],
             "weight_versions": list(self.weight_versions),
+            "weight_sync": self.weight_sync.path,
             "unsupported_endpoints": list(self.unsupported_endpoints),
             "health_monitors": 1 if self.monitor else 0,
             "health_probes": counters.probes if counters else 0,

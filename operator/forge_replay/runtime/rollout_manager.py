@@ -199,6 +199,28 @@ class RolloutManager:
             return
         self.engine_side.after_train_step(step, weights)
 
+    # The tensor and distributed paths: the driver runs the transfer between these (see weight_transfer).
+    def prepare_weight_sync(self, step: int):
+        """Engines ready for a push (recovered or refused, memory resumed): the version and generation."""
+        return self._engines().prepare_weight_sync(step)
+
+    def init_weight_group(self, group) -> None:
+        """Every engine joins the weight-sync group (trainer rank 0 joins at the same time)."""
+        self._engines().init_weight_group(group)
+
+    def update_weights_from_distributed(self, buckets, version: str) -> int:
+        """Announce each bucket to every engine while trainer rank 0 broadcasts it."""
+        return self._engines().update_weights_from_distributed(buckets, version)
+
+    def finish_weight_sync(self, step: int, version: str) -> str:
+        """Every engine reports ``version``; caches flushed; the step's bookkeeping."""
+        return self._engines().finish_weight_sync(step, version)
+
+    def _engines(self):
+        if self.engine_side is None:
+            raise RuntimeError("no engines in this run (debug mode): there is no weight sync")
+        return self.engine_side
+
     def before_train_step(self, step: int) -> None:
         """Called before a training step when engines are colocated: they release their GPU memory."""
         if self.engine_side is None:

@@ -86,6 +86,7 @@ class TrainerRank:
         self.optimizer = None
         self.device = "cpu"
         self.probe: MemoryProbe | None = None
+        self.weight_group = None
 
     # -- setup -----------------------------------------------------------------------------
     def master_address(self) -> tuple[str, int]:
@@ -237,6 +238,60 @@ class TrainerRank:
         finally:
             shutil.rmtree(written, ignore_errors=True)
 
+    def weight_metadata(self) -> list:
+        """What the engines receive per parameter (checkpoint name, full shape, dtype sent), in order."""
+        from forge_replay.runtime.model import torch_dtype
+        from forge_replay.runtime.weight_transfer import ParamMeta
+
+        sent = torch_dtype(self.settings.dtype)
+        metas = []
+        for name, param in self.model.named_parameters():
+            dtype = sent if param.dtype.is_floating_point else param.dtype
+            metas.append(ParamMeta(name, tuple(param.shape), str(dtype).removeprefix("torch."),
+                                   param.numel() * dtype.itemsize))
+        return metas
+
+    def join_weight_group(self, group, timeout_s: float) -> str | None:
+        """Rank 0 joins the weight-sync group ``group`` (leaving the previous one); other ranks do nothing."""
+        if self.rank != 0:
+            return None
+        from forge_replay.runtime.weight_transfer import join_weight_group
+
+        self.leave_weight_group()
+        self.weight_group = join_weight_group(group, 0, timeout_s)
+        return group.group_name
+
+    def leave_weight_group(self) -> None:
+        import torch.distributed as dist
+
+        old, self.weight_group = getattr(self, "weight_group", None), None
+        if old is not None:
+            try:
+                dist.destroy_process_group(old)
+            except Exception:  # noqa: BLE001 - a group with a dead member may not tear down cleanly
+                pass
+
+    def broadcast_weights(self, buckets: list) -> int:
+        """Every rank gathers each full parameter in bucket order (collective); rank 0 broadcasts it, cast to
+        the dtype the engines expect, in the weight group. Returns the number of tensors broadcast."""
+        import torch.distributed as dist
+
+        from forge_replay.runtime.model import torch_dtype
+
+        params = dict(self.model.named_parameters())
+        sent_dtype = torch_dtype(self.settings.dtype)
+        sent = 0
+        for bucket in buckets:
+            for meta in bucket:
+                param = params[meta.name]
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                if self.rank == 0:
+                    tensor = full.detach().to(sent_dtype if full.dtype.is_floating_point else full.dtype).contiguous()
+                    dist.broadcast(tensor, src=0, group=self.weight_group)
+                    sent += 1
+                del full
+        return sent
+
     def parameter_checksum(self) -> float:
         """Sum of all full (unsharded) parameters: lets tests compare runs across world sizes."""
         import torch
@@ -255,6 +310,7 @@ class TrainerRank:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        self.leave_weight_group()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -306,6 +362,23 @@ class TrainerGroup:
         ray.get(refs[1:])
         ray.wait(refs[:1])
         return refs[0]
+
+    def weight_metadata(self) -> list:
+        import ray
+
+        return ray.get(self.ranks[0].weight_metadata.remote())
+
+    def weight_group_address(self) -> tuple[str, int]:
+        """Trainer rank 0's node address and a free port there: the weight group's rendezvous."""
+        import ray
+
+        return ray.get(self.ranks[0].master_address.remote())
+
+    def join_weight_group_async(self, group, timeout_s: float) -> list:
+        return [self.ranks[0].join_weight_group.remote(group, timeout_s)]
+
+    def broadcast_weights_async(self, buckets: list) -> list:
+        return [r.broadcast_weights.remote(buckets) for r in self.ranks]
 
     def parameter_checksum(self) -> float:
         import ray

@@ -1,6 +1,8 @@
 """Pushing the trainer's weights to the engines after every training step.
 
-Path used: ``POST /update_weights_from_disk`` with a checkpoint directory on the engine's own node
+The disk path (the distributed path lives in :mod:`forge_replay.runtime.weight_transfer`; the spec's
+``rollout.weightSync`` picks one, see :func:`forge_replay.runtime.gating.plan_weight_sync`):
+``POST /update_weights_from_disk`` with a checkpoint directory on the engine's own node
 (safetensors, HF ``save_pretrained`` layout; the trainer's files reach that node through Ray's object
 store, see :func:`stage_checkpoint`, so no volume is shared), carrying the new
 ``weight_version``; then ``/get_weight_version`` must answer that version, and ``/flush_cache``
@@ -122,19 +124,40 @@ def push_weights_from_disk(
         )
     except EngineHTTPError as exc:
         raise WeightSyncError(f"engine {url} refused the weights in {checkpoint_dir} (version {version}): {exc}") from exc
+    _require_success(answer, url, f"the weights in {checkpoint_dir} (version {version})")
+    return confirm_weights(url, version, timeout_s=timeout_s, call=call)
+
+
+def post_weight_request(url: str, path: str, body: dict, what: str, *, timeout_s: float = 600.0,
+                        call: Caller = engine_call, hint: str = "") -> object:
+    """POST one weight-sync request (``/init_weights_update_group``, ``/update_weights_from_distributed``,
+    ``/update_weights_from_tensor``) and require ``success``; ``what`` and ``hint`` go into the error."""
+    try:
+        answer = call(url, path, method="POST", body=body, timeout_s=timeout_s)
+    except EngineHTTPError as exc:
+        extra = f"; {hint}" if hint and exc.status == 404 else ""
+        raise WeightSyncError(f"engine {url} refused {what} ({path}): {exc}{extra}") from exc
+    _require_success(answer, url, what)
+    return answer
+
+
+def _require_success(answer: object, url: str, what: str) -> None:
     if isinstance(answer, dict) and answer.get("success") is False:
-        raise WeightSyncError(
-            f"engine {url} did not load the weights in {checkpoint_dir} (version {version}): {answer.get('message')}"
-        )
-    unsupported = []
+        raise WeightSyncError(f"engine {url} did not load {what}: {answer.get('message')}")
+
+
+def confirm_weights(url: str, version: str, *, timeout_s: float = 600.0, call: Caller = engine_call) -> PushResult:
+    """After a push: ``/get_weight_version`` must answer ``version``; then ``/flush_cache`` (a 404 on either is
+    noted in the result: a stand-in server may lack them)."""
+    unsupported: list[str] = []
     confirmed: str | None = None
     reported = _optional(call, url, "/get_weight_version", timeout_s, unsupported)
     if "/get_weight_version" not in unsupported:
         confirmed = str(reported.get("weight_version")) if isinstance(reported, dict) else str(reported).strip()
         if confirmed != version:
             raise WeightSyncError(
-                f"engine {url} reports weight version {confirmed!r} after loading version {version!r} from "
-                f"{checkpoint_dir}: the push did not take"
+                f"engine {url} reports weight version {confirmed!r} after loading version {version!r}: "
+                "the push did not take"
             )
     _optional(call, url, "/flush_cache", timeout_s, unsupported)
     return PushResult(url, version, confirmed, tuple(unsupported))
