@@ -107,7 +107,7 @@ def test_forge_run_keeps_engines_alive_pushes_every_step_and_stops_them(tmp_path
     report = json.loads((tmp_path / "results" / "report.json").read_text())
     assert report["engines"]["engines"] == 2 and report["engines"]["weight_versions"] == ["1", "2", "3"]
     assert report["engines"]["restarts"] == 0 and report["engines"]["eval_self_probes"] == 2
-    assert "engines 2, restarts 0, weight versions 1..3" in result.stdout + result.stderr
+    assert "engines 2, restarts 0, weight versions 1..3 (disk)" in result.stdout + result.stderr
 
 
 def received_by_version(engine: dict, path: str) -> dict[str, dict]:

@@ -179,7 +179,9 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 if step == 0:
                     report.time_to_first_step_seconds = time.perf_counter() - started
                 if syncer is not None:
+                    synced = time.perf_counter()
                     syncer.after_step(step)
+                    record.weight_sync_seconds = time.perf_counter() - synced
                 if rollout_id in eval_after:  # slime: after rollout N when (N + 1) % evalInterval == 0
                     report.evals.append(ray.get(manager.evaluate.remote(rollout_id)))
                 publish(step + 1)

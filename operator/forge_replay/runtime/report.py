@@ -34,6 +34,8 @@ class RolloutRecord:
     reward_mean: float
     memory: list[dict]
     """One entry per rank (see ``forge_replay.runtime.memory.RankMemory``)."""
+    weight_sync_seconds: float | None = None
+    """forge mode: the push of this step's weights to every engine, checks included; None in debug mode."""
 
 
 @dataclass
@@ -142,10 +144,16 @@ def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_fir
         "data_wait_share": wait_s / (step_s + wait_s) if step_s + wait_s > 0 else 0.0,
         "tokens_per_second": tokens / step_s if step_s > 0 else 0.0,
         "time_to_first_step_seconds": time_to_first_step,
+        "weight_sync_seconds": _total_or_none([r.weight_sync_seconds for r in records]),
         "memory_peak": memory_peak(records),
         "evals": len(evals),
         "evals_missing": sum(e.missing for e in evals),
     }
+
+
+def _total_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def write_json(report: RunReport, directory: Path) -> Path:
@@ -249,6 +257,7 @@ def engines_line(engines: dict) -> str:
     return (
         f"engines {engines.get('engines', 0)}, restarts {engines.get('restarts', 0)}, "
         f"weight versions {versions[0] + '..' + versions[-1] if versions else 'none pushed'}"
+        + (f" ({engines['weight_sync']})" if engines.get("weight_sync") else "")
         + (f", GPU memory held {memory:.2f} GiB" if memory is not None else "")
         + f", health monitors {engines.get('health_monitors', 0)}, router: {engines.get('router')}"
     )
