@@ -15,7 +15,10 @@ Records (JSON, under ``--record-dir`` or ``$SGLANG_DOUBLE_RECORD_DIR``, one set 
 Weights it receives are really received, so tests can compare them with the trainer's: the disk path
 reads the safetensors files, the distributed path joins the weight-sync process group (gloo, as
 sglang's engines join theirs; TP 1 only: the double is one process) and receives every broadcast.
-Both add ``"received": {"tensors": N, "abs_sum": S}`` to the answer and to the call log.
+The tensor path decodes every TP rank's entry with ``tensor_payload.py`` (a restricted unpickler; CUDA
+IPC handles are opened on the GPU their UUID names), and adds names, shapes, dtypes, devices and
+``abs_sums`` (one per entry). All add ``"received": {"tensors": N, "abs_sum": S}`` to the answer and to the
+call log.
 
 Endpoints with a double-only prefix let a test make it misbehave:
 ``POST /_double/health {"healthy": false}`` makes /health_generate answer 503.
@@ -252,10 +255,54 @@ def _succeed(state: DoubleState, body: dict) -> tuple[int, object]:
     return 200, {"success": True, "message": "recorded by the sglang double"}
 
 
+_TENSOR_PAYLOAD = None
+
+
+def _tensor_payload():
+    """The double's restricted decoder (tests/doubles/tensor_payload.py), loaded by path: this file runs as a script."""
+    global _TENSOR_PAYLOAD
+    if _TENSOR_PAYLOAD is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("sglang_double_tensor_payload",
+                                                      Path(__file__).with_name("tensor_payload.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        _TENSOR_PAYLOAD = module
+    return _TENSOR_PAYLOAD
+
+
 def _update_weights_from_tensor(state: DoubleState, body: dict) -> tuple[int, object]:
-    if body.get("weight_version") is not None:
+    """Open every TP rank's entry as sglang does (restricted unpickler; a GPU UUID maps to the local index)
+    and record what arrived: names, shapes, dtypes, devices and a sum of |values| per entry."""
+    if state.memory_released:
+        return 400, {"success": False, "message": "memory released: resume it before updating weights"}
+    if body.get("load_format") is not None:
+        return 400, {"success": False, "message": f"the double decodes plain named tensors only, not load_format "
+                                                  f"{body['load_format']!r}"}
+    entries = body.get("serialized_named_tensors")
+    if not isinstance(entries, list) or len(entries) != state.args.tp_size:
+        count = len(entries) if isinstance(entries, list) else type(entries).__name__
+        return 400, {"success": False, "message": f"serialized_named_tensors needs one entry per TP rank "
+                                                  f"({state.args.tp_size}), got {count}"}
+    decoder = _tensor_payload()
+    summaries = []
+    for tp_rank, entry in enumerate(entries):
+        try:
+            named = decoder.decode_named_tensors(entry)
+        except decoder.RefusedPayload as exc:
+            return 400, {"success": False, "message": f"TP rank {tp_rank}'s entry refused: {exc}"}
+        summaries.append(decoder.summarize(named))
+        del named  # the sender's memory is released as sglang releases it, once copied
+    first = summaries[0]
+    for tp_rank, summary in enumerate(summaries[1:], start=1):
+        if (summary["names"], summary["shapes"], summary["dtypes"]) != (first["names"], first["shapes"], first["dtypes"]):
+            return 400, {"success": False, "message": f"TP rank {tp_rank}'s tensors differ from TP rank 0's"}
+    if body.get("weight_version") is not None and not state.args.pin_weight_version:
         state.weight_version = str(body["weight_version"])
-    return _succeed(state, body)
+    received = {**first, "entries": len(summaries), "abs_sums": [s["abs_sum"] for s in summaries]}
+    return 200, {"success": True, "message": "Succeeded to update model weights.", "received": received}
 
 
 def _release_memory(state: DoubleState, body: dict) -> tuple[int, object]:

@@ -188,14 +188,15 @@ def decode_named_tensors(serialized: str) -> list[tuple[str, torch.Tensor]]:
 
 
 def summarize(named: Sequence[tuple[str, torch.Tensor]]) -> dict:
-    """What the double records per push: names, shapes, dtypes, devices and a float64 sum of |values|."""
+    """What the double records per push: tensor count, float64 sum of |values|, names, shapes, dtypes, devices."""
     total = torch.zeros((), dtype=torch.float64)
     for _, tensor in named:
         total += tensor.detach().double().abs().sum().cpu()
     return {
+        "tensors": len(named),
+        "abs_sum": float(total),
         "names": [name for name, _ in named],
         "shapes": [list(tensor.shape) for _, tensor in named],
         "dtypes": [str(tensor.dtype).removeprefix("torch.") for _, tensor in named],
         "devices": [str(tensor.device) for _, tensor in named],
-        "checksum": float(total),
     }

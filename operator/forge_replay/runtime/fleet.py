@@ -33,6 +33,7 @@ from forge_replay.runtime.eval_fleet import EvalFleet
 from forge_replay.runtime.faults import FAULTS_ENV, FaultInjector
 from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_rollout_side, plan_weight_sync
 from forge_replay.runtime.health import HealthMonitor
+from forge_replay.runtime.ipc_tensors import EngineGPUs
 from forge_replay.runtime.router import Router, plan_router, router_installed
 from forge_replay.runtime.weight_sync import (
     WeightSyncError,
@@ -316,7 +317,20 @@ class EngineFleet:
             self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
             self._released = False
         return SyncTarget(str(len(self.weight_versions) + 1), self.generation,
-                          tuple(self.settings.gpus_per_engine for _ in self.engines))
+                          tuple(self.settings.gpus_per_engine for _ in self.engines), self._engine_gpus())
+
+    def _engine_gpus(self) -> tuple[EngineGPUs, ...]:
+        """The tensor path: each colocated engine's address, node and GPUs (where its trainer ranks must be)."""
+        if self.weight_sync.path != "tensor":
+            return ()
+        located = []
+        for engine in self.engines:
+            base_gpu = self._actor_options(engine.index)[1]
+            if engine.info is None or base_gpu is None:
+                raise WeightSyncError(f"engine {engine.index} has no GPU placement: the tensor weight sync needs "
+                                      "colocated engines on GPUs")
+            located.append(EngineGPUs(engine.info.url, engine.info.node_ip, base_gpu, self.settings.gpus_per_engine))
+        return tuple(located)
 
     def after_train_step(self, step: int, weights: object) -> str:
         """The disk path: push the new weights to every engine (recovering dead ones first under rollout FT);

@@ -146,16 +146,6 @@ def update_request_body(serialized: Sequence[str], *, flush_cache: bool, weight_
     }
 
 
-def tensor_checksum(tensors) -> float:
-    """Sum of absolute values in float64 over ``tensors``: the sender's side of the double's record."""
-    import torch
-
-    total = torch.zeros((), dtype=torch.float64)
-    for tensor in tensors:
-        total += tensor.detach().double().abs().sum().cpu()
-    return float(total)
-
-
 # ------------------------------------------------------------------- which trainer rank feeds which engine
 
 
@@ -223,3 +213,42 @@ def engine_feeders(engines: Sequence[EngineGPUs], ranks: Sequence[RankGPU]) -> l
             chain.append(rank)
         feeders.append(tuple(chain))
     return feeders
+
+
+@dataclass(frozen=True)
+class EngineFeed:
+    """One engine of a tensor push: its address and the trainer rank feeding each of its TP ranks, in order.
+
+    ``ranks[0]`` gathers the engine's entries and posts them: it shares the engine's node (it holds one of
+    the engine's GPUs), so it reaches the engine even on loopback."""
+
+    url: str
+    ranks: tuple[int, ...]
+
+
+def plan_feeds(engines: Sequence[EngineGPUs], ranks: Sequence[RankGPU]) -> list[EngineFeed]:
+    """:func:`engine_feeders` with each engine's address attached."""
+    return [EngineFeed(e.url, chain) for e, chain in zip(engines, engine_feeders(engines, ranks), strict=True)]
+
+
+def tp_roles(feeds: Sequence[EngineFeed], rank: int) -> list[tuple[int, int]]:
+    """(engine index, TP rank) for every engine TP rank that trainer rank ``rank`` feeds, engines in order
+    (every rank walks its engines in the same order, so their gathers cannot wait on each other in a cycle)."""
+    return [(index, tp) for index, feed in enumerate(feeds) for tp, fed_by in enumerate(feed.ranks) if fed_by == rank]
+
+
+def in_tp_order(gathered: Sequence[tuple[int, str | None] | None], feed: EngineFeed) -> list[str]:
+    """The ``(tp_rank, serialized)`` pairs gathered from an engine's trainer ranks as the engine's list,
+    entry ``j`` for TP rank ``j``. A missing or empty entry (a rank that failed to serialize) is an error."""
+    by_tp: dict[int, str] = {}
+    for item in gathered:
+        if item is None:
+            continue
+        tp, serialized = item
+        if serialized:
+            by_tp[tp] = serialized
+    missing = [tp for tp in range(len(feed.ranks)) if tp not in by_tp]
+    if missing:
+        raise TensorSyncError(f"engine {feed.url}: no tensors for TP rank(s) {missing} (trainer rank(s) "
+                              f"{[feed.ranks[tp] for tp in missing]} sent none)")
+    return [by_tp[tp] for tp in range(len(feed.ranks))]

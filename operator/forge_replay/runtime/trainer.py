@@ -292,6 +292,99 @@ class TrainerRank:
                 del full
         return sent
 
+    def gpu_location(self):
+        """This rank's node and physical GPU (as Ray numbers it): where colocated engines find its tensors."""
+        import ray
+
+        from forge_replay.runtime.ipc_tensors import RankGPU, TensorSyncError
+
+        gpus = ray.get_gpu_ids()
+        if len(gpus) != 1:
+            raise TensorSyncError(f"trainer rank {self.rank} holds {len(gpus)} GPUs ({gpus}), not one: the tensor "
+                                  "weight sync needs one GPU per trainer rank, shared with a colocated engine")
+        return RankGPU(self.rank, ray.util.get_node_ip_address(), gpus[0])
+
+    def update_weights_from_tensor(self, buckets: list, feeds: list, version: str, timeout_s: float = 600.0) -> dict:
+        """Every rank, bucket by bucket: gather the full tensors (collective), cast to the dtype sent, serialize
+        them (CUDA IPC handles); each engine's trainer ranks gather their strings to the engine's first one,
+        which posts ``/update_weights_from_tensor`` (the last bucket carries ``version``). No rank drops a
+        bucket before every post of it has returned. Returns what this rank sent and posted."""
+        import torch
+        import torch.distributed as dist
+
+        from forge_replay.runtime.ipc_tensors import (
+            TensorSyncError,
+            in_tp_order,
+            serialize_named_tensors,
+            tp_roles,
+            update_request_body,
+        )
+        from forge_replay.runtime.weight_sync import post_weight_request
+
+        control, engine_groups = self._tensor_sync_groups(feeds, timeout_s)
+        roles = tp_roles(feeds, self.rank)
+        params = dict(self.model.named_parameters())
+        sent = {"rank": self.rank, "posts": 0, "tensors": 0}
+        for number, bucket in enumerate(buckets, start=1):
+            last = number == len(buckets)
+            named = []
+            for meta in bucket:
+                param = params[meta.name]
+                full = param.full_tensor() if hasattr(param, "full_tensor") else param
+                if roles:
+                    named.append((meta.name, full.detach().to(getattr(torch, meta.dtype)).contiguous()))
+                del full
+            error = None
+            serialized = None
+            if roles:
+                try:
+                    serialized = serialize_named_tensors(named)
+                    sent["tensors"] += len(named)
+                except Exception as exc:  # noqa: BLE001 - reported below, after the gathers (nobody hangs)
+                    error = f"trainer rank {self.rank} could not serialize bucket {number}: {exc}"
+            for engine, tp in roles:
+                feed = feeds[engine]
+                poster = feed.ranks[0]
+                gathered = [None] * len(set(feed.ranks)) if self.rank == poster else None
+                dist.gather_object((tp, serialized), gathered, dst=poster, group=engine_groups[engine])
+                if self.rank != poster or error is not None:
+                    continue
+                try:
+                    body = update_request_body(in_tp_order(gathered, feed), flush_cache=last,
+                                               weight_version=version if last else None)
+                    post_weight_request(feed.url, "/update_weights_from_tensor", body,
+                                        f"bucket {number}/{len(buckets)} of weight version {version} as tensors",
+                                        timeout_s=timeout_s)
+                    sent["posts"] += 1
+                except Exception as exc:  # noqa: BLE001 - reported below, after the barrier
+                    error = f"trainer rank {self.rank}: {exc}"
+            # The barrier: every post of this bucket has returned before any rank frees the tensors.
+            errors: list = [None] * self.settings.world_size
+            dist.all_gather_object(errors, error, group=control)
+            del named
+            failed = [e for e in errors if e]
+            if failed:
+                raise TensorSyncError("; ".join(failed))
+        return sent
+
+    def _tensor_sync_groups(self, feeds: list, timeout_s: float):
+        """gloo groups for the tensor push (one over all ranks, one per engine's ranks), made once per layout.
+
+        Every rank creates every group, in the same order (``new_group`` is collective)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        layout = tuple(feed.ranks for feed in feeds)
+        cached = getattr(self, "_tensor_groups", None)
+        if cached is not None and cached[0] == layout:
+            return cached[1], cached[2]
+        timeout = datetime.timedelta(seconds=timeout_s)
+        control = dist.new_group(backend="gloo", timeout=timeout)
+        per_engine = [dist.new_group(sorted(set(ranks)), backend="gloo", timeout=timeout) for ranks in layout]
+        self._tensor_groups = (layout, control, per_engine)
+        return control, per_engine
+
     def parameter_checksum(self) -> float:
         """Sum of all full (unsharded) parameters: lets tests compare runs across world sizes."""
         import torch
@@ -379,6 +472,15 @@ class TrainerGroup:
 
     def broadcast_weights_async(self, buckets: list) -> list:
         return [r.broadcast_weights.remote(buckets) for r in self.ranks]
+
+    def gpu_locations(self) -> list:
+        """Each rank's node and GPU (:class:`~forge_replay.runtime.ipc_tensors.RankGPU`), in rank order."""
+        import ray
+
+        return ray.get([r.gpu_location.remote() for r in self.ranks])
+
+    def update_weights_from_tensor_async(self, buckets: list, feeds: list, version: str, timeout_s: float) -> list:
+        return [r.update_weights_from_tensor.remote(buckets, feeds, version, timeout_s) for r in self.ranks]
 
     def parameter_checksum(self) -> float:
         import ray

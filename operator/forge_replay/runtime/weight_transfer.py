@@ -18,6 +18,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from forge_replay.runtime.ipc_tensors import EngineGPUs
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 512 * 1024**2
@@ -143,6 +145,8 @@ class SyncTarget:
     generation: int
     """Bumped whenever an engine was (re)started: a new weight group is formed before the push."""
     tp_sizes: tuple[int, ...]
+    engines: tuple[EngineGPUs, ...] = ()
+    """The tensor path: where each colocated engine runs (address, node, base GPU, TP size); empty otherwise."""
 
 
 class EngineWeightSync:
@@ -150,7 +154,9 @@ class EngineWeightSync:
 
     ``disk``: the trainer's checkpoint goes through Ray's object store to each engine's node (the fleet
     does the rest). ``distributed``: the fleet prepares (recovery, memory), the trainer broadcasts while
-    the fleet posts the bucket requests, the fleet checks the versions."""
+    the fleet posts the bucket requests, the fleet checks the versions. ``tensor``: the same, but the
+    trainer ranks post CUDA IPC handles to the colocated engines themselves (the tensors must stay alive
+    until the engine has answered, and the posting rank shares the engine's node)."""
 
     def __init__(self, plan, manager, group, config, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  timeout_s: float = 600.0):
@@ -162,6 +168,7 @@ class EngineWeightSync:
         self.timeout_s = timeout_s
         self._generation: int | None = None
         self._buckets: list[list[ParamMeta]] | None = None
+        self._rank_gpus: list | None = None
 
     def after_step(self, step: int) -> None:
         """Push the weights of step ``step`` to every engine and check they took."""
@@ -175,6 +182,8 @@ class EngineWeightSync:
         target: SyncTarget = ray.get(self.manager.prepare_weight_sync.remote(step))
         if self.plan.path == "distributed":
             self._distributed(target)
+        elif self.plan.path == "tensor":
+            self._tensor(target)
         else:
             raise NotImplementedError(f"weight sync path {self.plan.path!r} is not wired into the driver")
         ray.get(self.manager.finish_weight_sync.remote(step, target.version))
@@ -196,6 +205,24 @@ class EngineWeightSync:
         wait_all([self.manager.update_weights_from_distributed.remote(self._buckets, target.version),
                   *self.group.broadcast_weights_async(self._buckets)],
                  what=f"broadcasting weight version {target.version}")
+
+    def _tensor(self, target: SyncTarget) -> None:
+        """Every trainer rank hands its GPU's copy of each bucket to the colocated engine TP rank on that GPU;
+        the engine's first trainer rank posts it (see ``TrainerRank.update_weights_from_tensor``)."""
+        from forge_replay.runtime.ipc_tensors import plan_feeds
+
+        if self._buckets is None:
+            self._buckets = plan_buckets(self.group.weight_metadata(), self.bucket_bytes)
+        if self._rank_gpus is None:
+            self._rank_gpus = self.group.gpu_locations()
+        feeds = plan_feeds(target.engines, self._rank_gpus)
+        sent = wait_all(self.group.update_weights_from_tensor_async(self._buckets, feeds, target.version,
+                                                                    self.timeout_s),
+                        what=f"handing weight version {target.version} to the engines as tensors")
+        feeding = [s for s in sent if s["tensors"]]
+        log.info("weight sync: version %s as tensors: %d request(s) to %d engine(s), %d tensor(s) from each of "
+                 "%d trainer rank(s)", target.version, sum(s["posts"] for s in sent), len(feeds),
+                 feeding[0]["tensors"] if feeding else 0, len(feeding))
 
 
 def wait_all(refs: list, *, what: str) -> list:
