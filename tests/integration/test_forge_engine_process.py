@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from forge_replay.runtime.engines import (
+    EngineActor,
     EngineProcess,
     EngineStartError,
     ModelSource,
@@ -155,3 +156,85 @@ def test_eval_fleet_self_probe_names_the_unhealthy_engine(engine):
     before = len(calls(rec, port))
     quiet.before_use(3)
     assert len(calls(rec, port)) == before and quiet.self_probes == 0
+
+
+def test_a_command_that_cannot_be_executed_names_itself_and_its_log(tmp_path):
+    missing = tmp_path / "no-such-server"
+    process = EngineProcess([str(missing), "--port", "1"], "http://127.0.0.1:1", tmp_path / "engine-0.log")
+    with pytest.raises(EngineStartError, match=f"could not be started: .*command: {missing} --port 1 .*log: "):
+        process.start()
+    assert "cannot start" in (tmp_path / "engine-0.log").read_text()
+
+
+def test_a_server_ignoring_sigterm_is_killed_and_its_log_says_so(tmp_path):
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    log_path = tmp_path / "engine-0.log"
+    process = EngineProcess([sys.executable, "-c", code], "http://127.0.0.1:1", log_path)
+    process.start()
+    deadline = time.monotonic() + 10
+    while "up" not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = process.pid
+    assert process.stop(grace_s=1) == -9
+    assert not pid_alive(pid)
+    assert "still running 1 s after SIGTERM: SIGKILL" in log_path.read_text()
+
+
+def test_engine_actor_stop_deletes_the_staged_checkpoint_and_model_config(tmp_path):
+    """A staged checkpoint is a full model copy on the engine's node: it must not outlive the run."""
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8}
+    actor = EngineActor(0, [sys.executable, str(DOUBLE), "--record-dir", str(tmp_path / "rec")],
+                        ModelSource(str(tmp_path / "not-on-this-node"), "dummy", True, config),
+                        tp_size=1, engine_args={}, log_dir=str(tmp_path / "logs"))
+    actor.start(30)
+    try:
+        staged = Path(actor.stage_checkpoint({"model.safetensors": b"x"}, 1))
+        model_dir = Path(actor.argv()[actor.argv().index("--model-path") + 1])
+        assert (staged / "model.safetensors").exists() and (model_dir / "config.json").exists()
+        pid = actor.engine.pid
+    finally:
+        actor.stop()
+    assert not pid_alive(pid)
+    assert not staged.parent.exists() and not model_dir.exists()
+
+
+def test_monitor_keeps_its_interval_when_resumed_every_few_milliseconds(engine):
+    """Fast steps pause and resume the monitor around every weight sync (and resume it again when the
+    next rollout's replay starts): the engine must still be probed once per interval, not per resume."""
+    process, port, rec = engine
+    monitor = HealthMonitor("rollout", lambda: [(0, process.url)], probe_health, lambda i, p: None,
+                            interval_s=0.5, timeout_s=2)
+    before = len(calls(rec, port))
+    monitor.start()
+    ends = time.monotonic() + 2.2
+    while time.monotonic() < ends:
+        monitor.pause()   # before_train_step / after_train_step
+        monitor.resume()  # after the weight sync
+        monitor.resume()  # replay of the next rollout starts
+        time.sleep(0.03)
+    monitor.stop()
+    probes = [c["time"] for c in calls(rec, port)[before:] if c["path"] == "/health_generate"]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert 2 <= len(probes) <= 5, probes
+    assert min(gaps) >= 0.45, gaps
+
+
+def test_a_failure_is_counted_only_once_the_engine_is_stopped(engine):
+    """The report (and the fleet's callers) read the counters while the monitor runs: a counted
+    failure must mean the engine is already gone."""
+    process, port, rec = engine
+
+    def slow_stop(index: int, problem: str) -> None:
+        time.sleep(0.5)  # e.g. a Ray call to the engine's actor
+        process.kill()
+
+    monitor = HealthMonitor("rollout", lambda: [(0, process.url)] if process.alive() else [],
+                            probe_health, slow_stop, interval_s=0.1, timeout_s=2)
+    engine_call(process.url, "/_double/health", method="POST", body={"healthy": False})
+    monitor.start()
+    deadline = time.monotonic() + 10
+    while monitor.counters.failures == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    alive_when_counted = process.alive()
+    monitor.stop()
+    assert monitor.counters.failures == 1 and not alive_when_counted

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -217,17 +218,33 @@ class EngineProcess:
         return None if self.process is None else self.process.pid
 
     def start(self) -> None:
+        """Start the server; EngineStartError (command, log) when it cannot even be executed."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-            )
+            try:
+                self.process = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                )
+            except OSError as exc:  # missing or non-executable program: a raw FileNotFoundError names neither
+                self.note(f"cannot start {shlex.join(self.argv)}: {exc}")
+                raise EngineStartError(
+                    f"engine at {self.url} could not be started: {exc}; command: {shlex.join(self.argv)} "
+                    f"(check the program of --engine-command, or that sglang is installed); log: {self.log_path}"
+                ) from None
+
+    def note(self, message: str) -> None:
+        """Append a ``[forge-replay]`` line to the engine's log: the file a user reads first."""
+        try:
+            with open(self.log_path, "a") as log_file:
+                log_file.write(f"[forge-replay] {message}\n")
+        except OSError:
+            pass
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -284,11 +301,13 @@ class EngineProcess:
         """SIGTERM the process group, SIGKILL it after ``grace_s``; the leader's exit code."""
         if self.process is None:
             return None
-        self._signal_group(signal.SIGTERM)
+        if self._signal_group(signal.SIGTERM):
+            self.note(f"stopping: SIGTERM to process group {self.process.pid}")
         try:
             self.process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             log.warning("engine %s did not stop within %.0f s of SIGTERM: SIGKILL", self.url, grace_s)
+            self.note(f"still running {grace_s:.0f} s after SIGTERM: SIGKILL to process group {self.process.pid}")
         # Children (sglang's schedulers) may outlive the leader: kill whatever is left of the group.
         self._signal_group(signal.SIGKILL)
         try:
@@ -339,6 +358,7 @@ class EngineActor:
         self.host = "127.0.0.1" if caller_node_ip in (None, self.node_ip) else self.node_ip
         self.port = free_port()
         self.starts = 0
+        self._scratch: list[Path] = []  # node-local dirs this actor wrote (staged weights, model config)
         atexit.register(self.stop)
 
     @staticmethod
@@ -367,6 +387,8 @@ class EngineActor:
 
         target = Path(tempfile.gettempdir()) / f"forge-replay-engine-model-{os.getpid()}"
         target.mkdir(parents=True, exist_ok=True)
+        if target not in self._scratch:
+            self._scratch.append(target)
         (target / "config.json").write_text(json.dumps(dict(model.config), indent=1, sort_keys=True))
         return ModelSource(str(target), model.load_format, True, model.config)
 
@@ -409,12 +431,14 @@ class EngineActor:
     def stage_checkpoint(self, files: Mapping[str, bytes], version: int) -> str:
         """Write a checkpoint's files (fetched by Ray from the trainer's node) to this node's disk; its path.
 
-        Only the newest version is kept here."""
+        Only the newest version is kept here, and none once the actor stops."""
         import tempfile
 
         from forge_replay.runtime.weight_sync import stage_checkpoint
 
         root = Path(tempfile.gettempdir()) / f"forge-replay-engine-{self.index}-{os.getpid()}-weights"
+        if root not in self._scratch:
+            self._scratch.append(root)
         return str(stage_checkpoint(files, root, version))
 
     def is_alive(self) -> bool:
@@ -429,9 +453,12 @@ class EngineActor:
             self.engine.kill()
 
     def stop(self) -> int | None:
-        if self.engine is None:
-            return None
-        return self.engine.stop()
+        """Stop the engine process, then delete what this actor wrote to the node's disk (a staged
+        checkpoint is a full copy of the model: left behind, every run would leak one per engine)."""
+        code = None if self.engine is None else self.engine.stop()
+        while self._scratch:
+            shutil.rmtree(self._scratch.pop(), ignore_errors=True)
+        return code
 
     def gpu_memory_gib(self) -> float | None:
         """GPU memory held by this engine (see :func:`engine_gpu_memory_gib`); None when unreadable."""

@@ -2,16 +2,19 @@
 
 One monitor thread per engine group probes every live engine's ``/health_generate`` each
 ``intervalSeconds`` with ``timeoutSeconds``, after ``firstWaitSeconds`` on start and on every
-resume. An engine that fails a probe is stopped (its process group killed), so the recovery
-before the next weight sync restarts it. Monitors are paused around offload and weight sync and
-resumed when generation (here: replay) or eval starts. They exist only when the rollout-side plan
-says so (:func:`forge_replay.runtime.gating.plan_rollout_side`).
+resume. The interval holds across pauses: a resume never brings the next probe forward, so short
+steps (a pause and resumes around each) do not multiply the probes. An engine that fails a probe
+is stopped (its process group killed), so the recovery before the next weight sync restarts it.
+Monitors are paused around offload and weight sync and resumed when generation (here: replay) or
+eval starts. They exist only when the rollout-side plan says so
+(:func:`forge_replay.runtime.gating.plan_rollout_side`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -59,6 +62,7 @@ class HealthMonitor:
         self._wake = threading.Condition(self._lock)
         self._paused = True
         self._resumed_at_generation = 0  # bumps on every resume: a pause mid-sweep drops that sweep
+        self._last_sweep_at: float | None = None  # monotonic start of the last sweep that probed
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"health-monitor-{group}", daemon=True)
 
@@ -77,7 +81,11 @@ class HealthMonitor:
             pass
 
     def resume(self) -> None:
+        """Probe again, after the first wait and no sooner than an interval after the last sweep.
+        A no-op while already probing (it keeps the schedule: no extra probe)."""
         with self._lock:
+            if not self._paused:
+                return
             self._paused = False
             self._resumed_at_generation += 1
             self._wake.notify_all()
@@ -109,12 +117,16 @@ class HealthMonitor:
                 if self._stopping:
                     return
                 generation = self._resumed_at_generation
-            if self.first_wait_s and not self._wait(self.first_wait_s, generation):
+            wait = self.first_wait_s
+            if self._last_sweep_at is not None:
+                wait = max(wait, self._last_sweep_at + self.interval_s - time.monotonic())
+            if wait > 0 and not self._wait(wait, generation):
                 continue
             while self._sweep(generation) and self._wait(self.interval_s, generation):
                 pass
 
     def _sweep(self, generation: int) -> bool:
+        started = time.monotonic()
         for index, url in list(self._targets()):
             # Probe and stop under one lock: pause() returns only once no probe or stop is under way,
             # so a weight sync never races a monitor killing an engine it is about to push to.
@@ -123,17 +135,19 @@ class HealthMonitor:
                     if self._stopping or self._paused or self._resumed_at_generation != generation:
                         return False
                     self.counters.probes += 1
+                    self._last_sweep_at = started
                 problem = self._probe(url, self.timeout_s)
                 if problem is None:
                     continue
                 with self._lock:
                     if self._paused or self._stopping:
                         return False  # paused meanwhile (e.g. memory released): not a health failure
-                    self.counters.failures += 1
-                    self.counters.engines_stopped.append(index)
                 log.error(
                     "health monitor %s: engine %d at %s failed its health check (%s); stopping it",
                     self.group, index, url, problem,
                 )
                 self._stop_engine(index, problem)
+                with self._lock:  # counted once stopped: a reader of the counters never sees it still running
+                    self.counters.failures += 1
+                    self.counters.engines_stopped.append(index)
         return True
