@@ -105,6 +105,7 @@ def test_debug_mode_constructs_no_engine_router_or_rollout_function(tmp_path):
     manager = ray.remote(RolloutManager).options(num_cpus=0).remote(job, str(tmp_path), world_size=2,
                                                                      use_object_store=False)
     try:
+        assert ray.get(manager.start.remote()) == ["replay_source"]
         plan = ray.get(manager.get_plan.remote())
         assert not (plan.start_engines or plan.construct_rollout_function or plan.health_monitors
                     or plan.fault_injection or plan.recover_before_weight_sync or plan.eval_fleet_self_probe)

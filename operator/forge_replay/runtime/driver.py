@@ -145,9 +145,11 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             engine_command=config.engine_command,
             model_root=config.model_root, results_dir=config.results_dir,
         )
+        rollout_side = manager.start.remote()  # engines start while the trainer does
         next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts
         group = TrainerGroup(settings, placement)
         report.num_params = group.setup(source)[0]["num_params"]
+        ray.get(rollout_side)
         syncer = None
         if plan.start_engines:
             sync_plan = plan_weight_sync(spec.rollout.weight_sync, spec.rollout.colocate, settings.use_gpu)
@@ -200,7 +202,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             try:
                 report.engines = ray.get(manager.engine_report.remote(), timeout=60)
             except Exception as exc:  # noqa: BLE001 - the manager may have died with the error being raised
-                log.warning("no engine report: %s", exc)
+                log.warning("no engine report: %s", _brief(exc))
         if config.results_dir and report.rollouts:
             snapshots = report.files.get("memory_snapshots")
             write_report(report, config.results_dir)
@@ -239,6 +241,13 @@ def verify_or_raise(config) -> None:
         )
 
 
+def _brief(exc: BaseException) -> str:
+    """One line for a secondary warning: the run's error itself is reported once, in full, by the caller."""
+    cause = _unwrap(exc)
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
+
+
 def _shutdown(manager, group, placement) -> None:
     import ray
 
@@ -246,7 +255,7 @@ def _shutdown(manager, group, placement) -> None:
         try:
             ray.get(manager.shutdown.remote(), timeout=120)
         except Exception as exc:  # noqa: BLE001 - keep shutting the rest down
-            log.warning("rollout manager shutdown failed: %s", exc)
+            log.warning("rollout manager shutdown failed: %s", _brief(exc))
         ray.kill(manager)
     if group is not None:
         group.shutdown()

@@ -88,8 +88,15 @@ class RolloutManager:
         self.source = ReplaySource(dumps_root, spec.replay.dumps.path, spec.replay.dumps.fallback_to_first)
         self.construction_log.append("replay_source")
         self.engine_side = None
-        if self.plan.start_engines:
+
+    def start(self) -> list[str]:
+        """Start the rollout side the plan asks for (forge mode: engines, router, monitors; debug: nothing).
+
+        A method of its own, not part of ``__init__``: an engine that cannot start then fails this call
+        with its own error, where Ray would report a failed constructor only as a dead actor."""
+        if self.plan.start_engines and self.engine_side is None:
             self._start_rollout_side()
+        return list(self.construction_log)
 
     # -- forge mode hook ---------------------------------------------------------------------
     def _start_rollout_side(self) -> None:
