@@ -56,6 +56,7 @@ RECEIVER = textwrap.dedent(
     torch.save({name: tensor.clone() for name, tensor in named}, sys.argv[2])
     named[0][1].add_(1)  # written through the shared memory: the sender sees it
     print(json.dumps(decoder.summarize(named)))
+    del named  # closes the mappings, as the double does after each request
     """
 )
 
@@ -104,6 +105,26 @@ def test_cpu_tensors_round_trip_through_another_process_sharing_the_senders_memo
     # the receiver added 1 to the first tensor in place: shared memory, not a copy
     assert torch.equal(named[0][1], expected["model.embed_tokens.weight"] + 1)
     assert summary["abs_sum"] == pytest.approx(abs_sum(t for _, t in named), rel=1e-12)
+
+
+def own_shm_files() -> set[str]:
+    shm = Path("/dev/shm")
+    return {f.name for f in shm.glob(f"torch_{os.getpid()}_*")} if shm.is_dir() else set()
+
+
+def test_shared_memory_files_go_with_the_senders_tensors_opened_or_not(tmp_path):
+    """No reference is handed to the receiver: a payload an engine refused (never opened) leaves nothing in
+    /dev/shm once the sender drops the tensors, and neither does one that was opened."""
+    before = own_shm_files()
+    refused = [("w", torch.randn(64))]
+    serialize_named_tensors(refused)
+    opened = weights()
+    receive_in_another_process(serialize_named_tensors(opened), tmp_path / "received.pt")
+    created = own_shm_files() - before
+    if not created:
+        pytest.skip("torch's shared-memory files are not under /dev/shm here")
+    del refused, opened
+    assert not own_shm_files() & created
 
 
 def test_decoding_in_this_process_gives_the_same_tensors():

@@ -21,7 +21,8 @@ each str is the base64 of a ``ForkingPickler`` dump of ``[(name, tensor), ...]``
   (``file_descriptor``) passes a file descriptor through the sender's ``multiprocessing`` resource
   sharer, which only processes holding the sender's authkey (its own children) can reach; an sglang
   server is not one of them. The route is chosen per stream here, so the process-wide torch sharing
-  strategy is left alone.
+  strategy is left alone. The file lives as long as the sender's tensor and the receivers' mappings:
+  an engine that refused a request leaves nothing behind in /dev/shm.
 """
 
 from __future__ import annotations
@@ -89,9 +90,10 @@ def _reduce_cpu_storage(storage):
     if storage.size() == 0:
         return reductions.rebuild_storage_empty, (type(storage),)
     manager, handle, size = storage._share_filename_cpu_()
-    # One reference held for the receiver (it drops it when it opens the file): the file outlives a
-    # sender that frees the tensor before the receiver has opened it.
-    storage._shared_incref()
+    # Unlike torch's own route, no reference is handed to the receiver (torch adds one that the receiver
+    # drops on opening): the sender keeps the tensor alive until the POST has returned anyway, and a
+    # reference handed to a receiver that never opens the file (an engine that refused the request)
+    # would leave the file in /dev/shm for good.
     return reductions.rebuild_storage_filename, (type(storage), manager, handle, size)
 
 
