@@ -201,3 +201,31 @@ def test_forge_run_without_sglang_or_engine_command_fails_fast(tmp_path):
     assert result.returncode == 2
     assert "sglang is not installed" in result.stderr and "--engine-command" in result.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_sigterm_mid_run_stops_the_engines_and_keeps_the_report(tmp_path):
+    """SIGTERM (what Kubernetes and `timeout` send) unwinds like Ctrl-C: exit 143, engines gone, steps kept."""
+    import signal
+    import time
+
+    argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job_file(tmp_path, rollouts=200)), "--synth-missing",
+            "--no-progress", "--dumps-root", str(tmp_path / "dumps"), "--results", str(tmp_path / "results"),
+            "--engine-command", f"{sys.executable} {DOUBLE} --record-dir {tmp_path / 'double'}"]
+    run = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not any(
+                pushed_versions(e) for e in records(tmp_path).values()):
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            time.sleep(0.5)
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 143, stderr[-3000:]
+    assert "terminated (SIGTERM); engines and trainer stopped" in stderr
+    engines = records(tmp_path)
+    assert engines and all(e["stopped"] and not pid_alive(e["starts"][0]["pid"]) for e in engines.values())
+    report = json.loads((tmp_path / "results" / "report.json").read_text())
+    assert 1 <= len(report["rollouts"]) < 200

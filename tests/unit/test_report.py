@@ -91,3 +91,14 @@ def test_json_and_png_are_written_and_the_table_shows_the_fallback(tmp_path):
     text = console.export_text()
     assert "yes" in text and "rollouts [1] trained on rollout 0's dump" in text
     assert "eval 1: MISSING dump" in text
+
+
+def test_engines_line_names_the_sync_path_and_says_when_versions_went_unconfirmed():
+    from forge_replay.runtime.report import engines_line
+
+    engines = {"engines": 2, "restarts": 0, "weight_versions": ["1", "2"], "weight_sync": "distributed",
+               "unsupported_endpoints": [], "health_monitors": 0, "router": "none"}
+    line = engines_line(engines)
+    assert "weight versions 1..2 (distributed)" in line and "unconfirmed" not in line
+    engines["unsupported_endpoints"] = ["/get_weight_version"]
+    assert "unconfirmed: no /get_weight_version" in engines_line(engines)

@@ -13,6 +13,14 @@ import click
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
+
+class _Terminated(Exception):
+    """SIGTERM arrived: unwinds the run like Ctrl-C does, so engines and trainer are stopped on the way out."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated()
+
 LOCAL_STATE = ".forge-replay"
 
 
@@ -111,7 +119,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     report.json (per rollout: loss, tokens, step and data-wait time, memory peaks per rank,
     fallback used), memory.png and progress.json to the results folder and prints a table.
     Exit status: 0 success; 1 the run failed (missing dump, bad sample, trainer error);
-    2 FILE is unusable (unreadable, invalid spec, forge mode without sglang or --engine-command).
+    2 FILE is unusable (unreadable, invalid spec, forge mode without sglang or --engine-command);
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
     """
     err = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
@@ -157,11 +166,19 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     import ray
 
     how = connect_ray(local=True, num_cpus=local_cpus_needed(trainer_settings(spec.trainer).world_size))
+    import signal
+
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared)
     except ReplayRunError as exc:
         err(f"forge-replay run {file}: {exc}")
         sys.exit(EXIT_FAILED)
+    except (KeyboardInterrupt, _Terminated) as exc:
+        how_stopped, code = ("interrupted (Ctrl-C)", 130) if isinstance(exc, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)
+        err(f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in {results_dir} "
+            "holds the steps finished so far")
+        sys.exit(code)
     finally:
         if how != ALREADY_CONNECTED:
             ray.shutdown()
