@@ -260,3 +260,27 @@ def test_colocated_engines_release_memory_for_training_and_resume_before_the_pus
                          "/get_weight_version", "/flush_cache"]
     finally:
         fleet.shutdown()
+
+
+def test_colocated_engines_are_pinned_to_the_bundle_of_the_trainer_rank_on_their_first_gpu(tmp_path):
+    """A 0-resource engine actor could land on any node (a GPU-less head too): colocated engines go into the
+    trainer's placement group, at the bundle of the rank whose GPU is the engine's first."""
+    import dataclasses
+
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    group = placement_group([{"CPU": 0.01}] * 4, strategy="PACK")
+    ray.get(group.ready(), timeout=60)
+    try:
+        fleet, _ = new_fleet(make_job(engines=2), tmp_path)
+        fleet.settings = dataclasses.replace(fleet.settings, colocate=True, use_gpus=True, gpus_per_node=4,
+                                             gpus_per_engine=2)
+        fleet.trainer_placement = group
+        for index, (bundle, base_gpu) in enumerate([(0, 0), (2, 2)]):
+            options, base = fleet._actor_options(index)
+            strategy = options["scheduling_strategy"]
+            assert strategy.placement_group == group and strategy.placement_group_bundle_index == bundle
+            assert base == base_gpu and "num_gpus" not in options  # shares the trainer's GPUs, holds none
+    finally:
+        remove_placement_group(group)

@@ -143,7 +143,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
             job, config.dumps_root, world_size=settings.world_size, vocab_size=prepared.vocab_size,
             engine_command=config.engine_command,
-            model_root=config.model_root, results_dir=config.results_dir,
+            model_root=config.model_root, results_dir=config.results_dir, trainer_placement=placement,
         )
         rollout_side = manager.start.remote()  # engines start while the trainer does
         next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts

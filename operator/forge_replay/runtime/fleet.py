@@ -137,6 +137,7 @@ class EngineFleet:
         *,
         engine_command_given: bool,
         weights_dir: Path | None = None,
+        trainer_placement=None,
     ):
         if not plan.start_engines:
             raise RuntimeError("the rollout-side plan starts no engines (debug mode): no EngineFleet may exist")
@@ -147,6 +148,9 @@ class EngineFleet:
         self.work_dir = Path(work_dir)
         self.weights_dir = Path(weights_dir) if weights_dir else self.work_dir / "weights"
         self.engine_command_given = engine_command_given
+        self.trainer_placement = trainer_placement
+        """The trainer's Ray placement group: colocated engines are pinned to the bundles of the ranks whose
+        GPUs they share (a 0-resource actor could otherwise land on any node, even one without GPUs)."""
         self.engines: list[_Engine] = []
         self.router: Router | None = None
         self.router_plan = plan_router(settings.num_engines, engine_command_given, router_installed())
@@ -178,6 +182,7 @@ class EngineFleet:
         weights_dir: Path | None = None,
         plan: RolloutSidePlan | None = None,
         startup_timeout_s: float = 900.0,
+        trainer_placement=None,
     ) -> EngineFleet:
         """Build the fleet of a validated ForgeReplayJob (fails fast without sglang or --engine-command)."""
         spec = job.spec
@@ -204,6 +209,7 @@ class EngineFleet:
         return cls(
             settings, plan, command, model, work_dir,
             engine_command_given=engine_command is not None, weights_dir=weights_dir,
+            trainer_placement=trainer_placement,
         )
 
     def _actor_options(self, index: int) -> tuple[dict, int | None]:
@@ -218,7 +224,13 @@ class EngineFleet:
             # Colocated engines share the trainer's GPUs: they hold no Ray GPU resource (Ray then leaves
             # CUDA_VISIBLE_DEVICES alone) and pick their GPUs with --base-gpu-id.
             per_node = max(s.gpus_per_node, 1)
-            return options, (index * s.gpus_per_engine) % per_node
+            first_gpu = index * s.gpus_per_engine  # the engine's first GPU, counted over the trainer's ranks
+            if self.trainer_placement is not None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=self.trainer_placement, placement_group_bundle_index=first_gpu)
+            return options, first_gpu % per_node
         options["num_gpus"] = s.gpus_per_engine
         return options, None
 

@@ -70,6 +70,7 @@ class RolloutManager:
         model_root: str | None = None,
         results_dir: str | None = None,
         use_object_store: bool = True,
+        trainer_placement=None,
     ):
         from forge_replay.replay import ReplaySource
 
@@ -82,6 +83,7 @@ class RolloutManager:
         self.model_root = model_root
         self.results_dir = results_dir
         self.use_object_store = use_object_store
+        self.trainer_placement = trainer_placement
         ft = spec.fault_tolerance
         self.plan: RolloutSidePlan = plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components)
         self.construction_log: list[str] = []
@@ -115,7 +117,7 @@ class RolloutManager:
         work_dir = (os.path.join(self.results_dir, "engines") if self.results_dir
                     else tempfile.mkdtemp(prefix="forge-replay-engines-"))
         fleet = EngineFleet.from_job(self.job, engine_command=self.engine_command, model_root=self.model_root,
-                                     work_dir=work_dir, plan=self.plan)
+                                     work_dir=work_dir, plan=self.plan, trainer_placement=self.trainer_placement)
         self.engine_side = fleet
         self.construction_log.append("engines")
         try:
