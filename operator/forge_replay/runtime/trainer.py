@@ -237,6 +237,10 @@ class TrainerRank:
             return read_checkpoint_files(written)
         finally:
             shutil.rmtree(written, ignore_errors=True)
+            try:
+                os.rmdir(os.path.dirname(written.rstrip(os.sep)))  # the run's folder, once its last step is gone
+            except OSError:
+                pass
 
     def weight_metadata(self) -> list:
         """What the engines receive per parameter (checkpoint name, full shape, dtype sent), in order."""
