@@ -84,6 +84,17 @@ class MicroBatch:
         return 0 if not self.sample_indices else int(self.input_ids.shape[0])
 
 
+def segment_bounds(position_ids: Sequence[int]) -> list[int]:
+    """Start of every packed sample (where its positions restart at 0) and the end: ``[0, s1, ..., T]``."""
+    positions = np.asarray(position_ids)
+    if positions.size == 0:
+        return [0]
+    starts = np.flatnonzero(positions == 0).tolist()
+    if not starts or starts[0] != 0:
+        starts = [0, *starts]
+    return [*starts, int(positions.size)]
+
+
 def dummy_micro_batch() -> MicroBatch:
     """Two tokens with a zero loss mask: runs the collectives, changes no gradient."""
     zeros = np.zeros(2, dtype=np.float32)

@@ -12,7 +12,7 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
-from forge_replay.runtime.batching import MicroBatch
+from forge_replay.runtime.batching import MicroBatch, segment_bounds
 from forge_replay.runtime.memory import MemoryProbe, dump_memory_snapshot, start_memory_history
 
 
@@ -172,8 +172,12 @@ class TrainerRank:
         for mb in micro_batches:
             as_tensor = lambda a: torch.tensor(a, device=self.device)  # noqa: E731 (copy: Ray hands read-only arrays)
             input_ids = as_tensor(mb.input_ids).unsqueeze(0)
+            bounds = segment_bounds(mb.position_ids)
+            cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)  # read on the host: no device sync per layer
+            longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
             logits = self.model(
-                input_ids=input_ids, position_ids=as_tensor(mb.position_ids).unsqueeze(0), use_cache=False
+                input_ids=input_ids, position_ids=as_tensor(mb.position_ids).unsqueeze(0), use_cache=False,
+                cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest,
             ).logits[0, :-1]
             logp = token_log_probs(logits, input_ids[0, 1:])
             parts = micro_batch_loss(
