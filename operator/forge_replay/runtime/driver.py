@@ -213,19 +213,6 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     return report
 
 
-def weights_for_sync(group, config, step: int) -> list:
-    """What ``after_train_step`` pushes to the engines on the disk path.
-
-    Rank 0 writes a Hugging Face checkpoint to its local disk and hands its files to Ray's
-    object store; each engine's node stages them locally (no shared volume needed). The reference is
-    wrapped in a list so the rollout manager passes it on without fetching the bytes itself.
-    """
-    import tempfile
-
-    directory = os.path.join(tempfile.gettempdir(), f"forge-replay-{config.job.metadata.name}-weights", f"step_{step}")
-    return [group.checkpoint_files_ref(directory)]
-
-
 def verify_or_raise(config) -> None:
     """Every needed dump exists and loads safely, before any trainer is placed."""
     from forge_replay.dumps.verify import verify_dumps

@@ -1,8 +1,10 @@
 """The forge-mode engine fleet: engines, router, health monitor, weight sync, recovery, eval fleet.
 
 The rollout manager owns one :class:`EngineFleet` when ``plan.start_engines`` and calls its hooks:
-``start()``, ``before_generate(rollout_id)``, ``before_train_step(step)``,
-``after_train_step(step, weights)``, ``before_eval(eval_id)``, ``report()``, ``shutdown()``.
+``start()``, ``before_generate(rollout_id)``, ``before_train_step(step)``, the weight sync
+(``after_train_step(step, weights)`` on the disk path; ``prepare_weight_sync(step)``, then the
+trainer's transfer, then ``finish_weight_sync(step, version)`` on the tensor and distributed paths,
+see :mod:`forge_replay.runtime.weight_transfer`), ``before_eval(eval_id)``, ``report()``, ``shutdown()``.
 Every rollout-side decision (monitor, fault injection, recovery, eval self-probe) comes from the
 :class:`~forge_replay.runtime.gating.RolloutSidePlan` it is given; nothing here re-derives it.
 """
@@ -246,8 +248,6 @@ class EngineFleet:
 
     def start(self) -> None:
         """Launch every engine, wait for /health_generate, then the router, monitor and injector."""
-        import ray
-
         log.info("forge mode: starting %d engine(s): %s", self.settings.num_engines, " ".join(self.command))
         self.engines = [_Engine(i, self._new_actor(i)) for i in range(self.settings.num_engines)]
         infos = _get_unwrapped([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines])
@@ -469,8 +469,6 @@ class EngineFleet:
                 )
 
     def _recover_dead_engines(self) -> None:
-        import ray
-
         for engine in self.engines:
             alive, why = self._alive(engine)
             if alive and not engine.stopped_by_monitor:

@@ -201,9 +201,9 @@ class RolloutManager:
         )
 
     # -- lifecycle hooks (no-ops in debug mode) ------------------------------------------------------
-    def after_train_step(self, step: int, weights: str | None) -> None:
-        """Called by the driver after every training step: forge mode pushes ``weights`` (a
-        checkpoint dir) to the engines. Debug mode has no engines: nothing happens."""
+    def after_train_step(self, step: int, weights: object) -> None:
+        """The disk path's weight sync after every training step: forge mode pushes ``weights`` (``[ObjectRef]``
+        to the trainer's checkpoint files) to the engines. Debug mode has no engines: nothing happens."""
         if self.engine_side is None:
             return
         self.engine_side.after_train_step(step, weights)

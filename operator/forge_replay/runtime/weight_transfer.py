@@ -175,9 +175,7 @@ class EngineWeightSync:
         import ray
 
         if self.plan.path == "disk":
-            from forge_replay.runtime.driver import weights_for_sync
-
-            ray.get(self.manager.after_train_step.remote(step, weights_for_sync(self.group, self.config, step)))
+            ray.get(self.manager.after_train_step.remote(step, self._checkpoint_ref(step)))
             return
         target: SyncTarget = ray.get(self.manager.prepare_weight_sync.remote(step))
         if self.plan.path == "distributed":
@@ -188,9 +186,18 @@ class EngineWeightSync:
             raise NotImplementedError(f"weight sync path {self.plan.path!r} is not wired into the driver")
         ray.get(self.manager.finish_weight_sync.remote(step, target.version))
 
-    def _distributed(self, target: SyncTarget) -> None:
-        import ray
+    def _checkpoint_ref(self, step: int) -> list:
+        """The disk path: rank 0 writes a Hugging Face checkpoint to its local disk and hands its files to
+        Ray's object store; each engine's node stages them locally (no shared volume needed). The reference
+        is wrapped in a list so the rollout manager passes it on without fetching the bytes itself."""
+        import os
+        import tempfile
 
+        name = self.config.job.metadata.name
+        directory = os.path.join(tempfile.gettempdir(), f"forge-replay-{name}-weights", f"step_{step}")
+        return [self.group.checkpoint_files_ref(directory)]
+
+    def _distributed(self, target: SyncTarget) -> None:
         if self._buckets is None:
             self._buckets = plan_buckets(self.group.weight_metadata(), self.bucket_bytes)
         if target.generation != self._generation:
