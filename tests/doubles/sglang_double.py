@@ -14,7 +14,8 @@ Records (JSON, under ``--record-dir`` or ``$SGLANG_DOUBLE_RECORD_DIR``, one set 
 
 Weights it receives are really received, so tests can compare them with the trainer's: the disk path
 reads the safetensors files, the distributed path joins the weight-sync process group (gloo, as
-sglang's engines join theirs; TP 1 only: the double is one process) and receives every broadcast.
+sglang's engines join theirs: gloo, or NCCL on its --base-gpu-id when CUDA is there; TP 1 only: the
+double is one process) and receives every broadcast.
 The tensor path decodes every TP rank's entry with ``tensor_payload.py`` (a restricted unpickler; CUDA
 IPC handles are opened on the GPU their UUID names), and adds names, shapes, dtypes, devices and
 ``abs_sums`` (one per entry). All add ``"received": {"tensors": N, "abs_sum": S}`` to the answer and to the
@@ -76,6 +77,7 @@ class DoubleState:
         self.healthy = True
         self.lock = threading.Lock()
         self.weight_groups: dict[str, object] = {}
+        self.weight_group_devices: dict[str, str] = {}
         self.record_dir = Path(args.record_dir) if args.record_dir else None
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True)
@@ -204,17 +206,26 @@ def _init_weights_update_group(state: DoubleState, body: dict) -> tuple[int, obj
 
     if state.args.tp_size != 1:
         return 400, {"success": False, "message": "the double joins weight groups with --tp-size 1 only"}
-    if body.get("backend") != "gloo":
-        return 400, {"success": False, "message": f"the double (CPU) joins gloo groups only, not {body.get('backend')}"}
+    import torch
+
+    backend = body.get("backend")
+    if backend == "nccl" and torch.cuda.is_available():
+        device = f"cuda:{state.args.base_gpu_id}"
+        torch.cuda.set_device(device)
+    elif backend == "gloo":
+        device = "cpu"
+    else:
+        return 400, {"success": False, "message": f"the double joins gloo groups, or nccl ones with CUDA, not {backend}"}
     name, rank, world_size = body["group_name"], int(body["rank_offset"]), int(body["world_size"])
     timeout = datetime.timedelta(seconds=60)
     store, rank, world_size = next(rendezvous(f"tcp://{body['master_address']}:{body['master_port']}", rank,
                                               world_size, timeout=timeout))
     store.set_timeout(timeout)
-    group, _ = _new_process_group_helper(world_size, rank, [], Backend("gloo"), PrefixStore(name, store),
+    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(name, store),
                                          group_name=name, timeout=timeout)
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     state.weight_groups[name] = group
+    state.weight_group_devices[name] = device
     return 200, {"success": True, "message": f"joined {name} as rank {rank} of {world_size}"}
 
 
@@ -238,7 +249,7 @@ def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[in
         return 400, {"success": False, "message": f"no weight group {body.get('group_name')!r}: init it first"}
     abs_sum = 0.0
     for dtype, shape in zip(body["dtypes"], body["shapes"], strict=True):
-        tensor = torch.empty(shape, dtype=getattr(torch, dtype))
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=state.weight_group_devices[body["group_name"]])
         dist.broadcast(tensor, src=0, group=group)
         abs_sum += float(tensor.double().abs().sum())
     if body.get("weight_version") is not None and not state.args.pin_weight_version:

@@ -229,3 +229,35 @@ def test_sigterm_mid_run_stops_the_engines_and_keeps_the_report(tmp_path):
     assert engines and all(e["stopped"] and not pid_alive(e["starts"][0]["pid"]) for e in engines.values())
     report = json.loads((tmp_path / "results" / "report.json").read_text())
     assert 1 <= len(report["rollouts"]) < 200
+
+
+def cuda_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(cuda_gpus() < 2, reason="needs 2 CUDA GPUs (one trainer rank, one engine)")
+def test_distributed_weight_sync_over_nccl_on_gpus(tmp_path):
+    """auto on GPUs: trainer rank 0 broadcasts over NCCL to an engine on its own GPU; what it received
+    equals what the disk path loads (GPU kernels may differ run to run: a loose tolerance)."""
+    runs = {}
+    for weight_sync in ("disk", "auto"):
+        directory = tmp_path / weight_sync
+        directory.mkdir()
+        path = job_file(directory, rollouts=2, weight_sync=weight_sync)
+        doc = yaml.safe_load(path.read_text())
+        doc["spec"]["trainer"]["gpusPerNode"] = 1
+        doc["spec"]["rollout"].update(numGpus=1, numGpusPerEngine=1)
+        path.write_text(yaml.safe_dump(doc))
+        result = forge_replay_run(directory, path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[weight_sync] = list(records(directory).values())[0]
+    expected = received_by_version(runs["disk"], "/update_weights_from_disk")
+    got = received_by_version(runs["auto"], "/update_weights_from_distributed")
+    init = next(c["body"] for c in runs["auto"]["calls"] if c["path"] == "/init_weights_update_group")
+    assert init["backend"] == "nccl" and list(got) == list(expected) == ["1", "2"]
+    for version, summary in got.items():
+        assert summary["tensors"] == expected[version]["tensors"]
+        assert summary["abs_sum"] == pytest.approx(expected[version]["abs_sum"], rel=1e-4)
