@@ -189,40 +189,34 @@ def apply(control_plane: Any, doc: dict[str, Any] | list[dict[str, Any]]) -> Non
     control_plane.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
 
 
-# The operator's API access as docs/operator.md lists it (namespaced part), for least-privilege runs:
-# FORGE_REPLAY_OPERATOR_KUBECONFIG_FACTORY=tests.cluster.operator_harness:least_privilege_kubeconfig
-OPERATOR_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["forgereplay.io"], "resources": ["forgereplayjobs"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": ["forgereplay.io"], "resources": ["forgereplayjobs/status"], "verbs": ["patch"]},
-    {"apiGroups": ["forgereplay.io"], "resources": ["forgereplayjobs/finalizers"], "verbs": ["update"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
-    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
-    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "create"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-]
-OPERATOR_CLUSTER_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},  # kopf observes namespaces
-]
+def chart_operator_rules() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The operator's rules as the Helm chart grants them (namespaced Role, discovery ClusterRole), rendered
+    by a real helm: the chart is their one source, so the least-privilege runs below test what ships.
+
+    FORGE_REPLAY_OPERATOR_KUBECONFIG_FACTORY=tests.cluster.operator_harness:least_privilege_kubeconfig"""
+    from tests.unit.test_chart import find, render_chart
+
+    objects = render_chart({"watchNamespaces": ["rules"]})
+    (role,) = find(objects, "Role")
+    (discovery,) = find(objects, "ClusterRole")
+    return role["rules"], discovery["rules"]
 
 
 def least_privilege_kubeconfig(control_plane: Any, namespace: str) -> Path:
-    """A ServiceAccount in ``namespace`` holding only the documented operator rules; its token kubeconfig."""
+    """A ServiceAccount in ``namespace`` holding only the chart's operator rules; its token kubeconfig."""
+    rules, cluster_rules = chart_operator_rules()
     name = "forge-replay-operator"
     binding_name = f"{name}-{namespace}"[:63]
     apply(control_plane, [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": name, "namespace": namespace}, "rules": OPERATOR_RULES},
+         "metadata": {"name": name, "namespace": namespace}, "rules": rules},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": name, "namespace": namespace},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": binding_name},
-         "rules": OPERATOR_CLUSTER_RULES},
+         "rules": cluster_rules},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": binding_name},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": binding_name},
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
