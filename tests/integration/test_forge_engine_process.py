@@ -238,3 +238,28 @@ def test_a_failure_is_counted_only_once_the_engine_is_stopped(engine):
     alive_when_counted = process.alive()
     monitor.stop()
     assert monitor.counters.failures == 1 and not alive_when_counted
+
+
+def test_a_server_without_health_generate_is_probed_on_health(tmp_path):
+    """A stand-in that only has /health is still started and monitored (sglang has both); one without either
+    is never healthy, and the error names both endpoints."""
+    from forge_replay.runtime.engines import probe_health
+
+    process, port = start_double(tmp_path, "--missing-endpoint", "/health_generate")
+    try:
+        assert probe_health(process.url, 5) is None
+        paths = [c["path"] for c in calls(tmp_path / "rec", port)]
+        assert {"/health_generate", "/health"} <= set(paths)
+    finally:
+        process.stop()
+    port = free_port()
+    argv = build_engine_argv(
+        [sys.executable, str(DOUBLE), "--missing-endpoint", "/health_generate", "--missing-endpoint", "/health"],
+        host="127.0.0.1", port=port, model=ModelSource(str(tmp_path), "dummy", from_config=True), tp_size=1,
+        engine_args={},
+    )
+    neither = EngineProcess(argv, f"http://127.0.0.1:{port}", tmp_path / "neither.log")
+    neither.start()
+    with pytest.raises(EngineStartError, match="/health_generate answered 404.*/health answered 404"):
+        neither.wait_healthy(3)
+    assert not neither.alive()

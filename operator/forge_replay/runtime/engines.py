@@ -179,12 +179,26 @@ def engine_call(
         return response.text
 
 
+_WITHOUT_HEALTH_GENERATE: set[str] = set()
+
+
 def probe_health(url: str, timeout_s: float) -> str | None:
-    """GET /health_generate within ``timeout_s``: None when healthy, else why not."""
+    """GET /health_generate within ``timeout_s``: None when healthy, else why not.
+
+    A server that answers 404 there (a stand-in that is not sglang) is probed on ``/health`` instead; that
+    is logged once per engine, since ``/health`` does not prove the server can generate."""
     try:
         engine_call(url, "/health_generate", timeout_s=timeout_s)
     except EngineHTTPError as exc:
-        return str(exc)
+        if exc.status != 404:
+            return str(exc)
+        try:
+            engine_call(url, "/health", timeout_s=timeout_s)
+        except EngineHTTPError as fallback:
+            return f"{exc}; {fallback}"
+        if url not in _WITHOUT_HEALTH_GENERATE:
+            _WITHOUT_HEALTH_GENERATE.add(url)
+            log.warning("engine %s has no /health_generate (404): probing /health instead", url)
     return None
 
 
