@@ -22,7 +22,10 @@ IPC handles are opened on the GPU their UUID names), and adds names, shapes, dty
 call log.
 
 Endpoints with a double-only prefix let a test make it misbehave:
-``POST /_double/health {"healthy": false}`` makes /health_generate answer 503.
+``POST /_double/health {"healthy": false}`` makes /health_generate answer 503. Flags do the same from the
+start: ``--missing-endpoint PATH`` (404), ``--pin-weight-version``, ``--die-during-broadcast K`` (exit in the
+middle of the K-th distributed bucket), ``--die-during-disk-push K`` and ``--refuse-bucket K`` (receive it,
+then answer ``success: false``).
 """
 
 from __future__ import annotations
@@ -61,6 +64,22 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--pin-weight-version", action="store_true",
         help="accept weight updates but never change the reported version (double only)",
     )
+    parser.add_argument(
+        "--die-during-broadcast", type=int, default=0, metavar="K",
+        help="on the K-th /update_weights_from_distributed request, exit (code 17) after the first tensor of the "
+             "bucket arrived, in the middle of the broadcast; only the first engine of the record dir to get there "
+             "dies: the others, and the engine restarted after it, behave (double only)",
+    )
+    parser.add_argument(
+        "--die-during-disk-push", type=int, default=0, metavar="K",
+        help="exit (code 17) on the K-th /update_weights_from_disk request, before answering; the first engine "
+             "of the record dir only, as --die-during-broadcast (double only)",
+    )
+    parser.add_argument(
+        "--refuse-bucket", type=int, default=0, metavar="K",
+        help="receive the K-th /update_weights_from_distributed bucket, then answer success: false as sglang does "
+             "when loading it fails (double only)",
+    )
     return parser.parse_known_args(argv)
 
 
@@ -77,6 +96,8 @@ class DoubleState:
         self.healthy = True
         self.lock = threading.Lock()
         self.weight_groups: dict[str, object] = {}
+        self.distributed_requests = 0
+        self.disk_requests = 0
         self.weight_group_devices: dict[str, str] = {}
         self.record_dir = Path(args.record_dir) if args.record_dir else None
         if self.record_dir is not None:
@@ -178,6 +199,11 @@ def _update_weights_from_disk(state: DoubleState, body: dict) -> tuple[int, obje
         return 400, {"success": False, "message": f"no *.safetensors under {model_path}"}
     if state.memory_released:
         return 400, {"success": False, "message": "memory released: resume it before updating weights"}
+    with state.lock:
+        state.disk_requests += 1
+        number = state.disk_requests
+    if number == state.args.die_during_disk_push and _first_death(state):
+        os._exit(17)
     received = _checkpoint_summary(Path(model_path))
     state.model_path = model_path
     if body.get("weight_version") is not None and not state.args.pin_weight_version:
@@ -247,14 +273,37 @@ def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[in
     group = state.weight_groups.get(body.get("group_name"))
     if group is None:
         return 400, {"success": False, "message": f"no weight group {body.get('group_name')!r}: init it first"}
+    with state.lock:
+        state.distributed_requests += 1
+        number = state.distributed_requests
+    die = number == state.args.die_during_broadcast and _first_death(state)
     abs_sum = 0.0
     for dtype, shape in zip(body["dtypes"], body["shapes"], strict=True):
         tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=state.weight_group_devices[body["group_name"]])
         dist.broadcast(tensor, src=0, group=group)
         abs_sum += float(tensor.double().abs().sum())
+        if die:
+            os._exit(17)  # mid-broadcast: the trainer is still sending this bucket's other tensors
+    if number == state.args.refuse_bucket:
+        # sglang receives the whole bucket, then reports the failed load (its weights are now partly updated)
+        return 200, {"success": False, "message": f"Failed to update parameter online: bucket {number} refused by "
+                                                  "the sglang double (--refuse-bucket)"}
     if body.get("weight_version") is not None and not state.args.pin_weight_version:
         state.weight_version = str(body["weight_version"])
     return 200, {"success": True, "message": "", "received": {"tensors": len(body["names"]), "abs_sum": abs_sum}}
+
+
+def _first_death(state: DoubleState) -> bool:
+    """True for the first engine of the record dir to get there (a marker file): the others, and an engine
+    restarted after it, behave."""
+    if state.record_dir is None:
+        return True
+    marker = state.record_dir / "died.marker"
+    try:
+        marker.open("x").close()
+    except FileExistsError:
+        return False
+    return True
 
 
 def _update_weight_version(state: DoubleState, body: dict) -> tuple[int, object]:

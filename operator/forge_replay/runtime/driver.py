@@ -106,6 +106,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from forge_replay.runtime.report import render_table, write_report
     from forge_replay.runtime.rollout_manager import RolloutManager
     from forge_replay.runtime.trainer import TrainerGroup, trainer_settings
+    from forge_replay.runtime.weight_sync import WeightSyncError
     from forge_replay.runtime.weight_transfer import EngineWeightSync
 
     console = console or Console(stderr=True)
@@ -196,6 +197,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     except ray.exceptions.RayError as exc:
         cause = _unwrap(exc)
         raise ReplayRunError(f"{type(cause).__name__}: {cause}" if cause is not exc else str(exc)) from None
+    except WeightSyncError as exc:  # raised in this process by the weight-sync shell, already one clear line
+        raise ReplayRunError(f"{type(exc).__name__}: {exc}") from None
     finally:
         report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
         if manager is not None and plan.start_engines:

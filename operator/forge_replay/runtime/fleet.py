@@ -397,18 +397,68 @@ class EngineFleet:
 
     def update_weights_from_distributed(self, buckets: Sequence[Sequence[ParamMeta]], version: str) -> int:
         """The distributed path: announce every bucket to every engine while trainer rank 0 broadcasts it;
-        the last bucket carries ``version``. Returns the number of requests sent."""
+        the last bucket carries ``version``. Returns the number of requests sent.
+
+        An engine that refuses a bucket (``success: false``: sglang received it, its load failed) still takes
+        part in the next broadcasts, so it keeps getting them and no member is left waiting; one whose request
+        failed (dead, 404, broken group) gets no more. Every failure is raised at the end, naming the engine."""
         if self._weight_group is None:
             raise WeightSyncError("no weight-sync group formed: init_weight_group must run before a distributed push")
         name = self._weight_group.group_name
+        index = {url: i for i, url in enumerate(self.urls)}
+        members, errors, sent = list(self.urls), {}, 0
         for number, bucket in enumerate(buckets, start=1):
+            if not members:
+                break
             body = distributed_update_body(bucket, name, version if number == len(buckets) else None)
-            self._each(lambda url: post_weight_request(
-                url, "/update_weights_from_distributed", body,
-                f"bucket {number}/{len(buckets)} of weight version {version}",
-                timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT,
-            ))
-        return len(buckets) * len(self.engines)
+
+            def post(url: str, number=number, body=body) -> WeightSyncError | None:
+                try:
+                    post_weight_request(url, "/update_weights_from_distributed", body,
+                                        f"bucket {number}/{len(buckets)} of weight version {version}",
+                                        timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT)
+                    return None
+                except WeightSyncError as exc:
+                    return exc
+
+            with ThreadPoolExecutor(max_workers=max(1, min(16, len(members)))) as pool:
+                outcomes = list(pool.map(post, members))
+            sent += len(members)
+            for url, exc in zip(list(members), outcomes):
+                if exc is None:
+                    continue
+                errors.setdefault(url, f"engine {index[url]}: {exc}")
+                if isinstance(exc.__cause__, EngineHTTPError):  # no answer, or an error status: out of the group
+                    members.remove(url)
+        if errors:
+            raise WeightSyncError("; ".join(errors.values()))
+        return sent
+
+    def dead_engines(self) -> list[str]:
+        """The engines found dead (index, address, why): after a failed push, to tell a death from a refusal."""
+        dead = []
+        for engine in self.engines:
+            alive, why = self._alive(engine)
+            if not alive:
+                dead.append(f"engine {engine.index} at {engine.info.url if engine.info else '?'} ({why})")
+        return dead
+
+    def after_failed_sync(self, step: int, error: str) -> bool:
+        """A tensor or distributed push failed with ``error``. True: an engine died and rollout FT is on, so the
+        push is retried (the next ``prepare_weight_sync`` restarts it and a new weight group is formed).
+        An engine dead without rollout FT raises :class:`EngineDead`; anything else (a refusal) returns False:
+        the run fails with ``error``, FT or not (sglang's weights are then partly updated)."""
+        dead = self.dead_engines()
+        if not dead:
+            return False
+        if self.plan.recover_before_weight_sync:
+            log.warning("step %d: weight push failed; %s died during it: restarting it and pushing again (%s)",
+                        step, ", ".join(dead), error)
+            return True
+        raise EngineDead(
+            f"step {step}: {', '.join(dead)} died during the weight push; rollout fault tolerance is off "
+            f"(faultTolerance.enabled with rollout in components), so it is not restarted: {error}"
+        )
 
     def finish_weight_sync(self, step: int, version: str) -> str:
         """After a tensor or distributed push: every engine must report ``version``; caches flushed."""

@@ -221,6 +221,10 @@ class RolloutManager:
         """Announce each bucket to every engine while trainer rank 0 broadcasts it."""
         return self._engines().update_weights_from_distributed(buckets, version)
 
+    def after_failed_sync(self, step: int, error: str) -> bool:
+        """A push failed: True to retry it (an engine died, rollout FT restarts it); raises when one died without FT."""
+        return self._engines().after_failed_sync(step, error)
+
     def finish_weight_sync(self, step: int, version: str) -> str:
         """Every engine reports ``version``; caches flushed; the step's bookkeeping."""
         return self._engines().finish_weight_sync(step, version)

@@ -263,10 +263,17 @@ class TrainerRank:
         """Rank 0 joins the weight-sync group ``group`` (leaving the previous one); other ranks do nothing."""
         if self.rank != 0:
             return None
+        from forge_replay.runtime.weight_sync import WeightSyncError
         from forge_replay.runtime.weight_transfer import join_weight_group
 
         self.leave_weight_group()
-        self.weight_group = join_weight_group(group, 0, timeout_s)
+        try:
+            self.weight_group = join_weight_group(group, 0, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - port taken, address not this node's, engines never came
+            raise WeightSyncError(
+                f"trainer rank 0 could not form the weight-sync group {group.group_name} ({group.backend}) at "
+                f"{group.master_address}:{group.master_port}: {type(exc).__name__}: {exc}"
+            ) from None
         return group.group_name
 
     def leave_weight_group(self) -> None:
@@ -281,23 +288,39 @@ class TrainerRank:
 
     def broadcast_weights(self, buckets: list) -> int:
         """Every rank gathers each full parameter in bucket order (collective); rank 0 broadcasts it, cast to
-        the dtype the engines expect, in the weight group. Returns the number of tensors broadcast."""
+        the dtype the engines expect, in the weight group. Returns the number of tensors broadcast.
+
+        A broadcast that fails (an engine died in it) does not stop rank 0 from gathering: the other ranks are
+        in the same gathers, and would wait in them for ever. Rank 0 leaves the broken group at once (so the
+        engines still in it stop waiting), gathers the rest and raises at the end."""
         import torch.distributed as dist
 
         from forge_replay.runtime.model import torch_dtype
+        from forge_replay.runtime.weight_sync import WeightSyncError
 
         params = dict(self.model.named_parameters())
         sent_dtype = torch_dtype(self.settings.dtype)
         sent = 0
-        for bucket in buckets:
+        failure = None
+        for number, bucket in enumerate(buckets, start=1):
             for meta in bucket:
                 param = params[meta.name]
                 full = param.full_tensor() if hasattr(param, "full_tensor") else param
-                if self.rank == 0:
-                    tensor = full.detach().to(sent_dtype if full.dtype.is_floating_point else full.dtype).contiguous()
-                    dist.broadcast(tensor, src=0, group=self.weight_group)
-                    sent += 1
+                if self.rank == 0 and failure is None:
+                    try:
+                        if self.weight_group is None:
+                            raise RuntimeError("trainer rank 0 is in no weight-sync group")
+                        tensor = full.detach().to(sent_dtype if full.dtype.is_floating_point else full.dtype)
+                        dist.broadcast(tensor.contiguous(), src=0, group=self.weight_group)
+                        sent += 1
+                    except Exception as exc:  # noqa: BLE001 - raised below, once every rank's gathers are done
+                        first_line = (str(exc).strip().splitlines() or [""])[0]
+                        failure = (f"trainer rank 0: broadcasting {meta.name} (bucket {number}/{len(buckets)}) "
+                                   f"failed: {type(exc).__name__}: {first_line}")
+                        self.leave_weight_group()
                 del full
+        if failure:
+            raise WeightSyncError(failure)
         return sent
 
     def gpu_location(self):

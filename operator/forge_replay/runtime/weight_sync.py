@@ -136,7 +136,8 @@ def post_weight_request(url: str, path: str, body: dict, what: str, *, timeout_s
         answer = call(url, path, method="POST", body=body, timeout_s=timeout_s)
     except EngineHTTPError as exc:
         extra = f"; {hint}" if hint and exc.status == 404 else ""
-        raise WeightSyncError(f"engine {url} refused {what} ({path}): {exc}{extra}") from exc
+        verb = "gave no answer to" if exc.status is None else "refused"  # no answer: dead, or its connection cut
+        raise WeightSyncError(f"engine {url} {verb} {what} ({path}): {exc}{extra}") from exc
     _require_success(answer, url, what)
     return answer
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from forge_replay.runtime.ipc_tensors import EngineGPUs
+from forge_replay.runtime.weight_sync import WeightSyncError
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,11 @@ DEFAULT_BUCKET_BYTES = 512 * 1024**2
 """Bytes broadcast per ``/update_weights_from_distributed`` request (slime's default bucket size)."""
 
 GROUP_NAME_PREFIX = "forge-replay-weights"
+MAX_PUSH_ATTEMPTS = 3
+"""A push an engine died in is retried (rollout FT restarts it) at most this many times per step in all."""
+ABORT_GRACE_S = 10.0
+"""After one side of a push failed, how long the other may take to fail too before it counts as stuck."""
+BUCKET_BYTES_ENV = "FORGE_REPLAY_WEIGHT_BUCKET_BYTES"
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,18 @@ def plan_buckets(params: Sequence[ParamMeta], bucket_bytes: int = DEFAULT_BUCKET
     if current:
         buckets.append(current)
     return buckets
+
+
+def bucket_bytes_from_env() -> int:
+    """``$FORGE_REPLAY_WEIGHT_BUCKET_BYTES`` (smaller buckets: less transfer memory, more requests), else 512 MiB."""
+    import os
+
+    raw = os.environ.get(BUCKET_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BUCKET_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${BUCKET_BYTES_ENV} must be a positive number of bytes, not {raw!r}")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -158,33 +176,76 @@ class EngineWeightSync:
     trainer ranks post CUDA IPC handles to the colocated engines themselves (the tensors must stay alive
     until the engine has answered, and the posting rank shares the engine's node)."""
 
-    def __init__(self, plan, manager, group, config, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    def __init__(self, plan, manager, group, config, *, bucket_bytes: int | None = None,
                  timeout_s: float = 600.0):
         self.plan = plan
         self.manager = manager
         self.group = group
         self.config = config
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes = bucket_bytes or bucket_bytes_from_env()
+        self._trainer_refs: list = []
         self.timeout_s = timeout_s
         self._generation: int | None = None
         self._buckets: list[list[ParamMeta]] | None = None
         self._rank_gpus: list | None = None
 
     def after_step(self, step: int) -> None:
-        """Push the weights of step ``step`` to every engine and check they took."""
+        """Push the weights of step ``step`` to every engine and check they took.
+
+        A failed tensor or distributed push is retried when an engine died in it and rollout FT is on (the
+        engine is restarted and a new weight group formed); otherwise the run fails with the error, naming the
+        engine. A side still inside a collective :data:`ABORT_GRACE_S` after the other side failed can never
+        leave it: the trainer ranks are then stopped, so the run ends now instead of after the group timeout."""
         import ray
 
         if self.plan.path == "disk":
-            ray.get(self.manager.after_train_step.remote(step, self._checkpoint_ref(step)))
+            self._disk(step)
             return
-        target: SyncTarget = ray.get(self.manager.prepare_weight_sync.remote(step))
-        if self.plan.path == "distributed":
-            self._distributed(target)
-        elif self.plan.path == "tensor":
-            self._tensor(target)
-        else:
-            raise NotImplementedError(f"weight sync path {self.plan.path!r} is not wired into the driver")
+        for attempt in range(1, MAX_PUSH_ATTEMPTS + 1):
+            target: SyncTarget = ray.get(self.manager.prepare_weight_sync.remote(step))
+            try:
+                if self.plan.path == "distributed":
+                    self._distributed(target)
+                elif self.plan.path == "tensor":
+                    self._tensor(target)
+                else:
+                    raise NotImplementedError(f"weight sync path {self.plan.path!r} is not wired into the driver")
+                break
+            except PushFailed as exc:
+                self._generation = None  # whatever group there was is broken: form a new one
+                if exc.stuck:
+                    raise WeightSyncError(f"{exc}; {self._stop_stuck(exc.stuck)}") from None
+                if attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, str(exc))):
+                    continue
+                raise WeightSyncError(str(exc)) from None
         ray.get(self.manager.finish_weight_sync.remote(step, target.version))
+
+    def _disk(self, step: int) -> None:
+        """The disk path: the fleet pushes the checkpoint; one an engine died in is pushed again (rollout FT)."""
+        import ray
+
+        checkpoint = self._checkpoint_ref(step)
+        for attempt in range(1, MAX_PUSH_ATTEMPTS + 1):
+            try:
+                ray.get(self.manager.after_train_step.remote(step, checkpoint))
+                return
+            except ray.exceptions.RayTaskError as exc:
+                if attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, _cause(exc))):
+                    continue
+                raise
+
+    def _stop_stuck(self, stuck: list) -> str:
+        """Stop the trainer ranks when one is still in a weight-sync collective (nothing else gets it out)."""
+        import ray
+
+        trainer_refs = {ref.hex() for ref in self._trainer_refs}
+        if not any(ref.hex() in trainer_refs for ref in stuck):
+            return (f"the engines were still inside the weight-sync group {ABORT_GRACE_S:.0f} s later (they leave "
+                    "it at their own group timeout)")
+        for rank in self.group.ranks:
+            ray.kill(rank)
+        return (f"trainer rank 0 was still inside the weight-sync group {ABORT_GRACE_S:.0f} s later, where it "
+                "would wait for the group timeout: the trainer ranks were stopped")
 
     def _checkpoint_ref(self, step: int) -> list:
         """The disk path: rank 0 writes a Hugging Face checkpoint to its local disk and hands its files to
@@ -205,13 +266,13 @@ class EngineWeightSync:
             group = plan_weight_group(address, port, target.tp_sizes, self.plan.backend, target.generation)
             log.info("weight sync: forming %s over %s (trainer rank 0 + %d engine rank(s))", group.group_name,
                      group.backend, group.world_size - 1)
-            wait_all([self.manager.init_weight_group.remote(group),
-                      *self.group.join_weight_group_async(group, self.timeout_s)],
+            self._trainer_refs = self.group.join_weight_group_async(group, self.timeout_s)
+            wait_all([self.manager.init_weight_group.remote(group), *self._trainer_refs],
                      what=f"forming the weight-sync group {group.group_name}")
             self._generation = target.generation
+        self._trainer_refs = self.group.broadcast_weights_async(self._buckets)
         wait_all([self.manager.update_weights_from_distributed.remote(self._buckets, target.version),
-                  *self.group.broadcast_weights_async(self._buckets)],
-                 what=f"broadcasting weight version {target.version}")
+                  *self._trainer_refs], what=f"broadcasting weight version {target.version}")
 
     def _tensor(self, target: SyncTarget) -> None:
         """Every trainer rank hands its GPU's copy of each bucket to the colocated engine TP rank on that GPU;
@@ -223,26 +284,48 @@ class EngineWeightSync:
         if self._rank_gpus is None:
             self._rank_gpus = self.group.gpu_locations()
         feeds = plan_feeds(target.engines, self._rank_gpus)
-        sent = wait_all(self.group.update_weights_from_tensor_async(self._buckets, feeds, target.version,
-                                                                    self.timeout_s),
-                        what=f"handing weight version {target.version} to the engines as tensors")
+        self._trainer_refs = self.group.update_weights_from_tensor_async(self._buckets, feeds, target.version,
+                                                                         self.timeout_s)
+        sent = wait_all(self._trainer_refs, what=f"handing weight version {target.version} to the engines as tensors")
         feeding = [s for s in sent if s["tensors"]]
         log.info("weight sync: version %s as tensors: %d request(s) to %d engine(s), %d tensor(s) from each of "
                  "%d trainer rank(s)", target.version, sum(s["posts"] for s in sent), len(feeds),
                  feeding[0]["tensors"] if feeding else 0, len(feeding))
 
 
-def wait_all(refs: list, *, what: str) -> list:
-    """ray.get over refs that depend on each other (HTTP on one side, a collective on the other),
-    raising the first error as soon as it happens instead of waiting for the other side's timeout."""
+class PushFailed(WeightSyncError):
+    """One side of a push failed; ``stuck``: the refs of the other side still running :data:`ABORT_GRACE_S` later."""
+
+    def __init__(self, message: str, stuck: list):
+        super().__init__(message)
+        self.stuck = stuck
+
+
+def wait_all(refs: list, *, what: str, grace_s: float | None = None) -> list:
+    """ray.get over refs that depend on each other (HTTP on one side, a collective on the other), raising
+    :class:`PushFailed` as soon as one fails: with the other errors that came within ``grace_s`` (a failed
+    member breaks the collective, so the rest usually fail at once) and the refs still running after it."""
     import ray
 
+    grace_s = ABORT_GRACE_S if grace_s is None else grace_s
     pending = list(refs)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(done[0])
         except ray.exceptions.RayError as exc:
-            cause = getattr(exc, "cause", None) or exc
-            raise RuntimeError(f"{what}: {cause}") from None
+            errors = [_cause(exc)]
+            if pending:
+                finished, pending = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+                for ref in finished:
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayError as other:
+                        errors.append(_cause(other))
+            raise PushFailed(f"{what}: " + "; ".join(dict.fromkeys(errors)), stuck=pending) from None
     return ray.get(refs)
+
+
+def _cause(exc) -> str:
+    cause = getattr(exc, "cause", None) or exc
+    return str(cause).strip()
