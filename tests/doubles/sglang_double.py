@@ -25,7 +25,7 @@ Endpoints with a double-only prefix let a test make it misbehave:
 ``POST /_double/health {"healthy": false}`` makes /health_generate answer 503. Flags do the same from the
 start: ``--missing-endpoint PATH`` (404), ``--pin-weight-version``, ``--die-during-broadcast K`` (exit in the
 middle of the K-th distributed bucket), ``--die-during-disk-push K`` and ``--refuse-bucket K`` (receive it,
-then answer ``success: false``).
+then answer 400 ``success: false``, as sglang does when its load fails).
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--refuse-bucket", type=int, default=0, metavar="K",
-        help="receive the K-th /update_weights_from_distributed bucket, then answer success: false as sglang does "
-             "when loading it fails (double only)",
+        help="receive the K-th /update_weights_from_distributed bucket, then answer 400 {success: false} as "
+             "sglang does when loading it fails (double only)",
     )
     return parser.parse_known_args(argv)
 
@@ -285,8 +285,9 @@ def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[in
         if die:
             os._exit(17)  # mid-broadcast: the trainer is still sending this bucket's other tensors
     if number == state.args.refuse_bucket:
-        # sglang receives the whole bucket, then reports the failed load (its weights are now partly updated)
-        return 200, {"success": False, "message": f"Failed to update parameter online: bucket {number} refused by "
+        # sglang receives the whole bucket, then reports the failed load (its weights are now partly updated),
+        # with HTTP 400 as its /update_weights_from_distributed answers every success: false
+        return 400, {"success": False, "message": f"Failed to update parameter online: bucket {number} refused by "
                                                   "the sglang double (--refuse-bucket)"}
     if body.get("weight_version") is not None and not state.args.pin_weight_version:
         state.weight_version = str(body["weight_version"])

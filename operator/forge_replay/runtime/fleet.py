@@ -399,9 +399,10 @@ class EngineFleet:
         """The distributed path: announce every bucket to every engine while trainer rank 0 broadcasts it;
         the last bucket carries ``version``. Returns the number of requests sent.
 
-        An engine that refuses a bucket (``success: false``: sglang received it, its load failed) still takes
-        part in the next broadcasts, so it keeps getting them and no member is left waiting; one whose request
-        failed (dead, 404, broken group) gets no more. Every failure is raised at the end, naming the engine."""
+        An engine that refuses a bucket (sglang answers 400 ``success: false`` once it received the bucket and
+        failed to load it) still takes part in the next broadcasts, so it keeps getting them and no member is
+        left waiting; one that gave no answer (dead) or a 404 (no such endpoint) gets no more. Every failure is
+        raised at the end, naming the engine."""
         if self._weight_group is None:
             raise WeightSyncError("no weight-sync group formed: init_weight_group must run before a distributed push")
         name = self._weight_group.group_name
@@ -428,7 +429,8 @@ class EngineFleet:
                 if exc is None:
                     continue
                 errors.setdefault(url, f"engine {index[url]}: {exc}")
-                if isinstance(exc.__cause__, EngineHTTPError):  # no answer, or an error status: out of the group
+                cause = exc.__cause__
+                if isinstance(cause, EngineHTTPError) and cause.status in (None, 404):  # it will receive nothing
                     members.remove(url)
         if errors:
             raise WeightSyncError("; ".join(errors.values()))
