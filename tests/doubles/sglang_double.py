@@ -24,7 +24,7 @@ call log.
 Endpoints with a double-only prefix let a test make it misbehave:
 ``POST /_double/health {"healthy": false}`` makes /health_generate answer 503. Flags do the same from the
 start: ``--missing-endpoint PATH`` (404), ``--pin-weight-version``, ``--die-during-broadcast K`` (exit in the
-middle of the K-th distributed bucket), ``--die-during-disk-push K`` and ``--refuse-bucket K`` (receive it,
+middle of the K-th distributed bucket), ``--die-during-disk-push K``, ``--refuse-group-join`` and ``--refuse-bucket K`` (receive it,
 then answer 400 ``success: false``, as sglang does when its load fails).
 """
 
@@ -74,6 +74,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--die-during-disk-push", type=int, default=0, metavar="K",
         help="exit (code 17) on the K-th /update_weights_from_disk request, before answering; the first engine "
              "of the record dir only, as --die-during-broadcast (double only)",
+    )
+    parser.add_argument(
+        "--refuse-group-join", action="store_true",
+        help="the first engine of the record dir to get /init_weights_update_group answers 400 {success: false} "
+             "without joining, as sglang does when its process group cannot be made; the others join (double only)",
     )
     parser.add_argument(
         "--refuse-bucket", type=int, default=0, metavar="K",
@@ -232,6 +237,9 @@ def _init_weights_update_group(state: DoubleState, body: dict) -> tuple[int, obj
 
     if state.args.tp_size != 1:
         return 400, {"success": False, "message": "the double joins weight groups with --tp-size 1 only"}
+    if state.args.refuse_group_join and _first_death(state):
+        return 400, {"success": False, "message": "Failed to init weights update group: refused by the sglang double "
+                                                  "(--refuse-group-join)"}
     import torch
 
     backend = body.get("backend")
@@ -295,8 +303,8 @@ def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[in
 
 
 def _first_death(state: DoubleState) -> bool:
-    """True for the first engine of the record dir to get there (a marker file): the others, and an engine
-    restarted after it, behave."""
+    """True for the first engine of the record dir to get there (a marker file) to misbehave: the others, and an
+    engine restarted after it, behave."""
     if state.record_dir is None:
         return True
     marker = state.record_dir / "died.marker"

@@ -66,6 +66,16 @@ def test_a_server_without_the_distributed_endpoints_fails_fast_with_the_disk_hin
     no_engine_left(tmp_path)
 
 
+def test_one_engine_failing_to_join_fails_the_run_while_the_other_waits_in_the_rendezvous(tmp_path):
+    """Engine A answers 400 to /init_weights_update_group; engine B joined and waits for the group to form (60 s
+    in the double, longer in sglang): the run must fail on A's answer, not once B gives up."""
+    result, took = run(tmp_path, double_flags="--refuse-group-join")
+    line = failure_line(result)
+    assert "--refuse-group-join" in line and "/init_weights_update_group" in line
+    assert took < 45, f"took {took:.0f} s"
+    no_engine_left(tmp_path)
+
+
 def test_an_engine_dying_mid_broadcast_without_rollout_ft_fails_the_run_naming_it(tmp_path):
     """Engine 0 exits after the first tensor of bucket 2 (of several: small buckets; the embedding is larger
     than a bucket and travels alone): the run fails within seconds naming the dead engine; nothing hangs."""

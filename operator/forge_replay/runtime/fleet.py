@@ -15,7 +15,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -381,11 +381,21 @@ class EngineFleet:
         if old is not None:
             self._each(lambda url: self._leave_weight_group(url, old.group_name))
         urls = self.urls
-        self._each(lambda url: post_weight_request(
-            url, "/init_weights_update_group", init_group_body(group, urls.index(url)),
-            f"joining the weight-sync group {group.group_name} at {group.master_address}:{group.master_port}",
-            timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT,
-        ))
+        # The first refusal is raised at once: the engines that did join wait in the group's rendezvous for the
+        # missing member (sglang's own timeout, far longer than anyone should wait), and when the trainer gives
+        # its side up their requests end; their threads are not waited for.
+        pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(urls))))
+        try:
+            joins = [pool.submit(post_weight_request, url, "/init_weights_update_group",
+                                 init_group_body(group, index),
+                                 f"joining the weight-sync group {group.group_name} at "
+                                 f"{group.master_address}:{group.master_port}",
+                                 timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT)
+                     for index, url in enumerate(urls)]
+            for join in as_completed(joins):
+                join.result()
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         self._weight_group = group
 
     def _leave_weight_group(self, url: str, group_name: str) -> None:
