@@ -24,7 +24,7 @@ call log.
 Endpoints with a double-only prefix let a test make it misbehave:
 ``POST /_double/health {"healthy": false}`` makes /health_generate answer 503. Flags do the same from the
 start: ``--missing-endpoint PATH`` (404), ``--pin-weight-version``, ``--die-during-broadcast K`` (exit in the
-middle of the K-th distributed bucket), ``--die-during-disk-push K``, ``--refuse-group-join`` and ``--refuse-bucket K`` (receive it,
+middle of the K-th distributed bucket), ``--die-during-disk-push K``, ``--die-on-version-check``, ``--refuse-group-join`` and ``--refuse-bucket K`` (receive it,
 then answer 400 ``success: false``, as sglang does when its load fails).
 """
 
@@ -74,6 +74,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--die-during-disk-push", type=int, default=0, metavar="K",
         help="exit (code 17) on the K-th /update_weights_from_disk request, before answering; the first engine "
              "of the record dir only, as --die-during-broadcast (double only)",
+    )
+    parser.add_argument(
+        "--die-on-version-check", action="store_true",
+        help="the first engine of the record dir to get /get_weight_version exits (code 17) instead of answering: "
+             "it took the weights, then died (double only)",
     )
     parser.add_argument(
         "--refuse-group-join", action="store_true",
@@ -193,6 +198,8 @@ def _flush_cache(state: DoubleState, body: dict) -> tuple[int, object]:
 
 
 def _get_weight_version(state: DoubleState, body: dict) -> tuple[int, object]:
+    if state.args.die_on_version_check and _first_death(state):
+        os._exit(17)
     return 200, {"weight_version": state.weight_version}
 
 

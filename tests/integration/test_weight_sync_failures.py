@@ -124,6 +124,16 @@ def test_disk_path_with_rollout_ft_pushes_again_to_an_engine_that_died_in_the_pu
     no_engine_left(tmp_path)
 
 
+def test_with_rollout_ft_an_engine_dying_after_the_push_before_its_version_check_is_pushed_again(tmp_path):
+    """The engine took version 1, then died before /get_weight_version answered: with rollout FT the sync is
+    not over until every engine confirmed, so it is restarted and pushed version 1 again."""
+    result, _ = run(tmp_path, double_flags="--die-on-version-check", ft=FT, rollouts=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "results" / "report.json").read_text())["engines"]
+    assert report["weight_versions"] == ["1", "2"] and sorted(report["restarts_by_engine"]) == [0, 1]
+    no_engine_left(tmp_path)
+
+
 def test_an_engine_refusing_a_bucket_fails_the_run_even_with_rollout_ft(tmp_path):
     """sglang answers success: false once it received a bucket it could not load (its weights are then partly
     updated): the run fails naming the engine and the bucket, FT or not (a restart would not explain it), and

@@ -192,8 +192,8 @@ class EngineWeightSync:
     def after_step(self, step: int) -> None:
         """Push the weights of step ``step`` to every engine and check they took.
 
-        A failed tensor or distributed push is retried when an engine died in it and rollout FT is on (the
-        engine is restarted and a new weight group formed); otherwise the run fails with the error, naming the
+        A failed push (the transfer, or the version check after it) is retried when an engine died in it and
+        rollout FT is on (the engine is restarted and a new weight group formed); otherwise the run fails with the error, naming the
         engine. A side still inside a collective :data:`ABORT_GRACE_S` after the other side failed can never
         leave it: the trainer ranks are then stopped, so the run ends now instead of after the group timeout."""
         import ray
@@ -210,7 +210,6 @@ class EngineWeightSync:
                     self._tensor(target)
                 else:
                     raise NotImplementedError(f"weight sync path {self.plan.path!r} is not wired into the driver")
-                break
             except PushFailed as exc:
                 self._generation = None  # whatever group there was is broken: form a new one
                 if exc.stuck:
@@ -218,7 +217,13 @@ class EngineWeightSync:
                 if attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, str(exc))):
                     continue
                 raise WeightSyncError(str(exc)) from None
-        ray.get(self.manager.finish_weight_sync.remote(step, target.version))
+            try:  # an engine that died after taking the weights, before confirming them, gets them again
+                ray.get(self.manager.finish_weight_sync.remote(step, target.version))
+                return
+            except ray.exceptions.RayTaskError as exc:
+                if attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, _cause(exc))):
+                    continue
+                raise
 
     def _disk(self, step: int) -> None:
         """The disk path: the fleet pushes the checkpoint; one an engine died in is pushed again (rollout FT)."""
