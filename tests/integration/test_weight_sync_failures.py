@@ -180,3 +180,17 @@ def test_trainer_rank_0_cannot_form_the_group_on_a_taken_port_says_where(tmp_pat
         with pytest.raises(WeightSyncError, match=rf"forge-replay-weights-7 \(gloo\) at 127.0.0.1:{port}"):
             rank.join_weight_group(group, timeout_s=600)
         assert time.monotonic() - began < 30
+
+
+def test_bucket_plan_keeps_order_and_sends_a_parameter_larger_than_a_bucket_alone(monkeypatch):
+    from forge_replay.runtime.weight_transfer import BUCKET_BYTES_ENV, ParamMeta, bucket_bytes_from_env, plan_buckets
+
+    metas = [ParamMeta(name, (n,), "float32", 4 * n) for name, n in [("a", 2), ("b", 2), ("big", 100), ("c", 4)]]
+    assert [[p.name for p in b] for b in plan_buckets(metas, bucket_bytes=16)] == [["a", "b"], ["big"], ["c"]]
+    with pytest.raises(ValueError, match="positive"):
+        plan_buckets(metas, bucket_bytes=0)
+    monkeypatch.setenv(BUCKET_BYTES_ENV, "4096")
+    assert bucket_bytes_from_env() == 4096
+    monkeypatch.setenv(BUCKET_BYTES_ENV, "4k")
+    with pytest.raises(ValueError, match=BUCKET_BYTES_ENV):
+        bucket_bytes_from_env()
