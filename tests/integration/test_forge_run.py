@@ -203,8 +203,10 @@ def test_forge_run_without_sglang_or_engine_command_fails_fast(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
-def test_sigterm_mid_run_stops_the_engines_and_keeps_the_report(tmp_path):
-    """SIGTERM (what Kubernetes and `timeout` send) unwinds like Ctrl-C: exit 143, engines gone, steps kept."""
+@pytest.mark.parametrize("signame, code, said", [("SIGTERM", 143, "terminated (SIGTERM)"),
+                                                ("SIGINT", 130, "interrupted (Ctrl-C)")])
+def test_a_stop_signal_mid_run_stops_the_engines_and_keeps_the_report(tmp_path, signame, code, said):
+    """SIGTERM (what Kubernetes and `timeout` send) and Ctrl-C unwind the run: engines gone, steps kept."""
     import signal
     import time
 
@@ -218,13 +220,13 @@ def test_sigterm_mid_run_stops_the_engines_and_keeps_the_report(tmp_path):
                 pushed_versions(e) for e in records(tmp_path).values()):
             assert run.poll() is None, run.communicate()[1][-3000:]
             time.sleep(0.5)
-        run.send_signal(signal.SIGTERM)
+        run.send_signal(getattr(signal, signame))
         _, stderr = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 143, stderr[-3000:]
-    assert "terminated (SIGTERM); engines and trainer stopped" in stderr
+    assert run.returncode == code, stderr[-3000:]
+    assert f"{said}; engines and trainer stopped" in stderr
     engines = records(tmp_path)
     assert engines and all(e["stopped"] and not pid_alive(e["starts"][0]["pid"]) for e in engines.values())
     report = json.loads((tmp_path / "results" / "report.json").read_text())

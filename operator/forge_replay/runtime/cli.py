@@ -14,12 +14,19 @@ import click
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: unwinds the run like Ctrl-C does, so engines and trainer are stopped on the way out."""
+_STOPPED_BY: list[int] = []
+"""The signal (SIGINT or SIGTERM) that asked the run to stop, once one has."""
 
 
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated()
+def _stop_run(signum, frame) -> None:
+    """Unwind the run on the first SIGINT/SIGTERM (engines and trainer are stopped in its ``finally``); later
+    signals are noted and ignored so that the clean-up itself is not cut short.
+
+    KeyboardInterrupt is what Ray's blocking calls expect from a signal handler; it may still surface
+    wrapped (a SystemError from inside ray.get), which is why the caller reads ``_STOPPED_BY``."""
+    _STOPPED_BY.append(signum)
+    if len(_STOPPED_BY) == 1:
+        raise KeyboardInterrupt
 
 LOCAL_STATE = ".forge-replay"
 
@@ -168,17 +175,21 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     how = connect_ray(local=True, num_cpus=local_cpus_needed(trainer_settings(spec.trainer).world_size))
     import signal
 
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop_run)
     try:
         run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared)
-    except ReplayRunError as exc:
-        err(f"forge-replay run {file}: {exc}")
-        sys.exit(EXIT_FAILED)
-    except (KeyboardInterrupt, _Terminated) as exc:
-        how_stopped, code = ("interrupted (Ctrl-C)", 130) if isinstance(exc, KeyboardInterrupt) else ("terminated (SIGTERM)", 143)
-        err(f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in {results_dir} "
-            "holds the steps finished so far")
-        sys.exit(code)
+    except BaseException as exc:
+        if _STOPPED_BY:
+            how_stopped, code = (("interrupted (Ctrl-C)", 130) if _STOPPED_BY[0] == signal.SIGINT
+                                 else ("terminated (SIGTERM)", 143))
+            err(f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in "
+                f"{results_dir} holds the steps finished so far")
+            sys.exit(code)
+        if isinstance(exc, ReplayRunError):
+            err(f"forge-replay run {file}: {exc}")
+            sys.exit(EXIT_FAILED)
+        raise
     finally:
         if how != ALREADY_CONNECTED:
             ray.shutdown()
