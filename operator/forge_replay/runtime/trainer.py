@@ -174,10 +174,9 @@ class TrainerRank:
             input_ids = as_tensor(mb.input_ids).unsqueeze(0)
             bounds = segment_bounds(mb.position_ids)
             cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)  # read on the host: no device sync per layer
-            longest = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
             logits = self.model(
                 input_ids=input_ids, position_ids=as_tensor(mb.position_ids).unsqueeze(0), use_cache=False,
-                cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest,
+                cu_seq_lens_q=cu_seq_lens,
             ).logits[0, :-1]
             logp = token_log_probs(logits, input_ids[0, 1:])
             parts = micro_batch_loss(
@@ -279,7 +278,7 @@ class TrainerRank:
     def leave_weight_group(self) -> None:
         import torch.distributed as dist
 
-        old, self.weight_group = getattr(self, "weight_group", None), None
+        old, self.weight_group = self.weight_group, None
         if old is not None:
             try:
                 dist.destroy_process_group(old)
@@ -293,13 +292,12 @@ class TrainerRank:
         A broadcast that fails (an engine died in it) does not stop rank 0 from gathering: the other ranks are
         in the same gathers, and would wait in them for ever. Rank 0 leaves the broken group at once (so the
         engines still in it stop waiting), gathers the rest and raises at the end."""
+        import torch
         import torch.distributed as dist
 
-        from forge_replay.runtime.model import torch_dtype
         from forge_replay.runtime.weight_sync import WeightSyncError
 
         params = dict(self.model.named_parameters())
-        sent_dtype = torch_dtype(self.settings.dtype)
         sent = 0
         failure = None
         for number, bucket in enumerate(buckets, start=1):
@@ -310,7 +308,7 @@ class TrainerRank:
                     try:
                         if self.weight_group is None:
                             raise RuntimeError("trainer rank 0 is in no weight-sync group")
-                        tensor = full.detach().to(sent_dtype if full.dtype.is_floating_point else full.dtype)
+                        tensor = full.detach().to(getattr(torch, meta.dtype))  # what the engines were told
                         dist.broadcast(tensor.contiguous(), src=0, group=self.weight_group)
                         sent += 1
                     except Exception as exc:  # noqa: BLE001 - raised below, once every rank's gathers are done

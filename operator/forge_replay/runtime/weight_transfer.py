@@ -183,8 +183,8 @@ class EngineWeightSync:
         self.group = group
         self.config = config
         self.bucket_bytes = bucket_bytes or bucket_bytes_from_env()
-        self._trainer_refs: list = []
         self.timeout_s = timeout_s
+        self._trainer_refs: list = []
         self._generation: int | None = None
         self._buckets: list[list[ParamMeta]] | None = None
         self._rank_gpus: list | None = None
@@ -193,8 +193,8 @@ class EngineWeightSync:
         """Push the weights of step ``step`` to every engine and check they took.
 
         A failed push (the transfer, or the version check after it) is retried when an engine died in it and
-        rollout FT is on (the engine is restarted and a new weight group formed); otherwise the run fails with the error, naming the
-        engine. A side still inside a collective :data:`ABORT_GRACE_S` after the other side failed can never
+        rollout FT is on (the engine is restarted and a new weight group formed); otherwise the run fails with
+        the error, naming the engine. A side still inside a collective :data:`ABORT_GRACE_S` after the other side failed can never
         leave it: the trainer ranks are then stopped, so the run ends now instead of after the group timeout."""
         import ray
 
@@ -214,14 +214,14 @@ class EngineWeightSync:
                 self._generation = None  # whatever group there was is broken: form a new one
                 if exc.stuck:
                     raise WeightSyncError(f"{exc}; {self._stop_stuck(exc.stuck)}") from None
-                if attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, str(exc))):
+                if self._retry(step, attempt, str(exc)):
                     continue
                 raise WeightSyncError(str(exc)) from None
             try:  # an engine that died after taking the weights, before confirming them, gets them again
                 ray.get(self.manager.finish_weight_sync.remote(step, target.version))
                 return
             except ray.exceptions.RayTaskError as exc:
-                if attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, _cause(exc))):
+                if self._retry(step, attempt, _cause(exc)):
                     continue
                 raise
 
@@ -235,9 +235,22 @@ class EngineWeightSync:
                 ray.get(self.manager.after_train_step.remote(step, checkpoint))
                 return
             except ray.exceptions.RayTaskError as exc:
-                if attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, _cause(exc))):
+                if self._retry(step, attempt, _cause(exc)):
                     continue
                 raise
+
+    def _retry(self, step: int, attempt: int, problem: str) -> bool:
+        """Whether a failed push is tried again: attempts are left and the fleet restarted an engine that died
+        in it (rollout FT); it raises when one died without rollout FT."""
+        import ray
+
+        return attempt < MAX_PUSH_ATTEMPTS and ray.get(self.manager.after_failed_sync.remote(step, problem))
+
+    def _bucket_plan(self) -> list[list[ParamMeta]]:
+        """The trainer's parameters in buckets, read from rank 0 once per run (the same for every step)."""
+        if self._buckets is None:
+            self._buckets = plan_buckets(self.group.weight_metadata(), self.bucket_bytes)
+        return self._buckets
 
     def _stop_stuck(self, stuck: list) -> str:
         """Stop the trainer ranks when one is still in a weight-sync collective (nothing else gets it out)."""
@@ -264,8 +277,7 @@ class EngineWeightSync:
         return [self.group.checkpoint_files_ref(directory)]
 
     def _distributed(self, target: SyncTarget) -> None:
-        if self._buckets is None:
-            self._buckets = plan_buckets(self.group.weight_metadata(), self.bucket_bytes)
+        buckets = self._bucket_plan()
         if target.generation != self._generation:
             address, port = self.group.weight_group_address()
             group = plan_weight_group(address, port, target.tp_sizes, self.plan.backend, target.generation)
@@ -275,8 +287,8 @@ class EngineWeightSync:
             wait_all([self.manager.init_weight_group.remote(group), *self._trainer_refs],
                      what=f"forming the weight-sync group {group.group_name}")
             self._generation = target.generation
-        self._trainer_refs = self.group.broadcast_weights_async(self._buckets)
-        wait_all([self.manager.update_weights_from_distributed.remote(self._buckets, target.version),
+        self._trainer_refs = self.group.broadcast_weights_async(buckets)
+        wait_all([self.manager.update_weights_from_distributed.remote(buckets, target.version),
                   *self._trainer_refs], what=f"broadcasting weight version {target.version}")
 
     def _tensor(self, target: SyncTarget) -> None:
@@ -284,12 +296,10 @@ class EngineWeightSync:
         the engine's first trainer rank posts it (see ``TrainerRank.update_weights_from_tensor``)."""
         from forge_replay.runtime.ipc_tensors import plan_feeds
 
-        if self._buckets is None:
-            self._buckets = plan_buckets(self.group.weight_metadata(), self.bucket_bytes)
         if self._rank_gpus is None:
             self._rank_gpus = self.group.gpu_locations()
         feeds = plan_feeds(target.engines, self._rank_gpus)
-        self._trainer_refs = self.group.update_weights_from_tensor_async(self._buckets, feeds, target.version,
+        self._trainer_refs = self.group.update_weights_from_tensor_async(self._bucket_plan(), feeds, target.version,
                                                                          self.timeout_s)
         sent = wait_all(self._trainer_refs, what=f"handing weight version {target.version} to the engines as tensors")
         feeding = [s for s in sent if s["tensors"]]
