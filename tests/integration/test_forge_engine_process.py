@@ -6,7 +6,6 @@ No Ray here: these are the process-level guarantees the engine actors rely on.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ from forge_replay.runtime.engines import (
 from forge_replay.runtime.eval_fleet import EvalFleet, EvalFleetUnhealthy
 from forge_replay.runtime.health import HealthMonitor
 from forge_replay.runtime.weight_sync import WeightSyncError, push_weights_from_disk, write_versioned_checkpoint
+from tests.integration.processes import pid_alive
 
 DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
 
@@ -35,14 +35,6 @@ DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
 def calls(record_dir: Path, port: int) -> list[dict]:
     path = record_dir / f"calls-{port}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def start_double(tmp_path: Path, *double_args: str) -> tuple[EngineProcess, int]:

@@ -23,6 +23,7 @@ from forge_replay.runtime.faults import FAULTS_ENV
 from forge_replay.runtime.fleet import EngineDead, EngineFleet
 from forge_replay.runtime.gating import plan_rollout_side
 from forge_replay.runtime.engines import engine_call
+from tests.integration.processes import pid_alive
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
@@ -68,14 +69,6 @@ class Records:
 
     def stopped(self, port: int) -> bool:
         return (self.dir / f"stop-{port}.json").exists()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def new_fleet(job, tmp_path: Path) -> tuple[EngineFleet, Records]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.integration.processes import pid_alive
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -66,14 +67,6 @@ def records(tmp_path: Path) -> dict[int, dict]:
             "stopped": (directory / f"stop-{port}.json").exists(),
         }
     return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def pushed_versions(engine: dict) -> list[str]:

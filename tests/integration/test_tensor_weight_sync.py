@@ -120,8 +120,6 @@ def test_the_double_refuses_a_malicious_entry_a_wrong_count_and_a_released_memor
 @pytest.fixture
 def cpu_trainer(local_ray):
     """Two CPU trainer ranks (gloo, FSDP2) holding a tiny Llama."""
-    import ray  # noqa: F401 - local_ray started it
-
     from forge_replay.runtime.placement import place_trainer
     from forge_replay.runtime.trainer import TrainerGroup, TrainerSettings
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.test_forge_run import DOUBLE, job_file, pid_alive, records
+from tests.integration.processes import pid_alive
+from tests.integration.test_forge_run import DOUBLE, job_file, records
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
