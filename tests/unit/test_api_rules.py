@@ -185,7 +185,7 @@ def test_defaults():
     t = job.spec.trainer
     assert t.clip_eps_high == 0.3 and t.dtype == "bfloat16" and t.micro_batch_tokens == 65536
     assert job.spec.replay.dumps.fallback_to_first is True and job.spec.replay.verify is True
-    assert job.spec.ttl_seconds_after_finished == 86400
+    assert job.spec.ttl_seconds_after_finished == 300  # the GPUs go back 5 minutes after the end
 
 
 def test_engine_args_scalars_become_strings():

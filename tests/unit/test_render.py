@@ -154,7 +154,8 @@ def test_config_map_holds_a_runtime_config_the_runtime_can_read() -> None:
     assert runtime.job.metadata.name == job.metadata.name
     assert runtime.job.metadata.uid is None  # no live-object noise in the runtime's input
     assert runtime.dumps_root == DUMPS_MOUNT
-    assert runtime.results_dir == RESULTS_MOUNT
+    # its own folder of the claim: <namespace>/<name>/<uid prefix>
+    assert runtime.results_dir == f"{RESULTS_MOUNT}/ml-platform/qwen3-8b-64k-memtest/3f1c2a9e"
     assert runtime.progress_configmap == "qwen3-8b-64k-memtest-progress"
 
 
@@ -228,3 +229,75 @@ def test_verify_command_is_accepted_by_the_dumps_cli(case: str, tmp_path) -> Non
     assert ctx.params["num_rollouts"] == _job(case).spec.replay.num_rollouts
     assert ctx.params["template"] == _job(case).spec.replay.dumps.path
     assert ctx.params["no_fallback"] is (not _job(case).spec.replay.dumps.fallback_to_first)
+
+
+def _pod_specs(objects):
+    """(where, pod template) for every pod the job creates: verify Job, head, each worker group, submitter."""
+    out = []
+    for obj in objects:
+        if obj["kind"] == "Job":
+            out.append(("verify", obj["spec"]["template"]))
+        if obj["kind"] == "RayJob":
+            spec = obj["spec"]
+            out.append(("head", spec["rayClusterSpec"]["headGroupSpec"]["template"]))
+            out += [(g["groupName"], g["template"]) for g in spec["rayClusterSpec"]["workerGroupSpecs"]]
+            out.append(("submitter", spec["submitterPodTemplate"]))
+    return out
+
+
+def test_every_pod_carries_spec_pod_and_runs_as_the_runtime_account() -> None:
+    job = _job("forge-memtest")
+    pods = _pod_specs(render(job, SETTINGS))
+    assert [where for where, _ in pods] == ["verify", "head", "trainer", "rollout", "submitter"]
+    for where, template in pods:
+        spec = template["spec"]
+        assert spec["serviceAccountName"] == "qwen3-8b-64k-memtest-runtime", where
+        assert spec["imagePullSecrets"] == [{"name": "registry-creds"}], where
+        assert spec["automountServiceAccountToken"] is (where == "head"), where
+        assert spec["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch", where
+        assert template["metadata"]["annotations"] == {"cost-center.example.com/team": "ml-platform"}, where
+        assert template["metadata"]["labels"]["team"] == "ml-platform", where
+        for container in spec["containers"]:
+            names = [e["name"] for e in container["env"]]
+            assert names[-2:] == ["HF_HUB_OFFLINE", "WANDB_API_KEY"], where
+            assert container["env"][-1]["valueFrom"] == {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
+            gpu = "nvidia.com/gpu" in container["resources"].get("limits", {})
+            assert (container["resources"]["limits"].get("rdma/ib") == "1") is gpu, where
+    account = _by_kind(render(job, SETTINGS))[("ServiceAccount", "qwen3-8b-64k-memtest-runtime")]
+    assert account["imagePullSecrets"] == [{"name": "registry-creds"}]
+
+
+def test_our_labels_win_over_spec_pod_labels() -> None:
+    doc = yaml.safe_load((GOLDEN / "debug-checkpoint.in.yaml").read_text())
+    doc["spec"]["pod"] = {"labels": {naming.LABEL_JOB: "someone-else", "team": "a"}}
+    for _, template in _pod_specs(render(parse_job(doc), SETTINGS)):
+        assert template["metadata"]["labels"][naming.LABEL_JOB] == doc["metadata"]["name"]
+        assert template["metadata"]["labels"]["team"] == "a"
+
+
+def test_two_jobs_on_one_claim_and_a_rerun_write_to_different_folders() -> None:
+    doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
+    other = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
+    other["metadata"]["name"] = "another-memtest"
+    rerun = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
+    rerun["metadata"]["uid"] = "9a8b7c6d-0000-4000-8000-000000000002"
+    dirs = {RuntimeConfig.model_validate(yaml.safe_load(render(parse_job(d), SETTINGS)[0]["data"]["config.yaml"]))
+            .results_dir for d in (doc, other, rerun)}
+    assert len(dirs) == 3 and all(d.startswith(RESULTS_MOUNT + "/ml-platform/") for d in dirs)
+
+
+def test_head_shm_is_never_larger_than_its_memory_limit() -> None:
+    job = _job("debug-checkpoint")
+    for settings, want in ((SETTINGS, "8Gi"), (OperatorSettings(head_memory="32Gi"), "16Gi"),
+                           (OperatorSettings(head_memory="4000M"), "4000M")):
+        head = render(job, settings)[-1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+        [shm] = [v for v in head["volumes"] if v["name"] == "shm"]
+        assert shm["emptyDir"]["sizeLimit"] == want
+
+
+def test_rayjob_names_its_ray_version_and_a_short_ttl_by_default() -> None:
+    doc = yaml.safe_load((GOLDEN / "debug-checkpoint.in.yaml").read_text())
+    doc["spec"].pop("ttlSecondsAfterFinished", None)
+    rayjob = render(parse_job(doc), OperatorSettings(ray_version="2.99.0"))[-1]
+    assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == "2.99.0"
+    assert rayjob["spec"]["ttlSecondsAfterFinished"] <= 300

@@ -32,6 +32,7 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 MAX_PATH_LENGTH = 4096
 
 FT_COMPONENTS = ("train", "rollout")
+INT32_MAX = 2**31 - 1  # Kubernetes int32 fields (e.g. RayJob.spec.ttlSecondsAfterFinished)
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,69 @@ class SchedulingSpec(_Model):
     )
 
 
+class LocalObjectReference(_Model):
+    """A reference to an object in the job's namespace (e.g. an image pull Secret)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN, description="The object's name.")
+
+
+class KeyRef(_Model):
+    """A key of a Secret or ConfigMap in the job's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="The Secret's or ConfigMap's name.")
+    key: str = Field(min_length=1, max_length=253, description="The key.")
+    optional: bool | None = Field(default=None, description="Start the pod even when the key is missing.")
+
+
+class FieldRef(_Model):
+    """A field of the pod (e.g. metadata.name, status.podIP)."""
+
+    field_path: str = Field(min_length=1, description="The pod field, e.g. metadata.name.")
+    api_version: str | None = Field(default=None, description="Schema version of fieldPath (default v1).")
+
+
+class ResourceFieldRef(_Model):
+    """A container's resource request or limit."""
+
+    resource: str = Field(min_length=1, description="e.g. limits.memory.")
+    container_name: str | None = Field(default=None, description="The container (default: this one).")
+    divisor: str | None = Field(default=None, description="Unit of the exposed value, e.g. 1Mi.")
+
+
+class EnvVarSource(_Model):
+    """A Kubernetes EnvVarSource: exactly one of its references."""
+
+    secret_key_ref: KeyRef | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeyRef | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: FieldRef | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldRef | None = Field(default=None, description="A resource of a container.")
+
+
+class EnvVar(_Model):
+    """A Kubernetes EnvVar: ``value``, or ``valueFrom`` (secretKeyRef, configMapKeyRef, fieldRef, ...)."""
+
+    name: str = Field(min_length=1, max_length=1024, description="Environment variable name.")
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: EnvVarSource | None = Field(default=None, description="Where the value comes from instead.")
+
+
+class PodSettings(_Model):
+    """What goes on every pod the job creates: the verify Job, the Ray head, every worker, the submitter."""
+
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, description="Secrets to pull the runtime image with (also on the runtime ServiceAccount)."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables of every container.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations of every pod.")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels of every pod (forge-replay's own labels win)."
+    )
+    extra_resources: dict[str, str] = Field(
+        default_factory=dict,
+        description='Extra resource limits (and requests) of every GPU container, e.g. {"rdma/ib": "1"}.',
+    )
+
+
 class ResultsSpec(_Model):
     """Where reports go."""
 
@@ -472,11 +536,32 @@ def _model_path_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
     return []
 
 
+_QUEUED_SUSPEND = (
+    "cannot be true with spec.scheduling.queueName: Kueue suspends and resumes a queued job (it un-suspends the "
+    "RayJob it admits); deactivate the job's Kueue Workload (kubectl patch workload NAME --type=merge "
+    "-p '{\"spec\":{\"active\":false}}') or delete the ForgeReplayJob"
+)
+
+
+def _queued_never_suspended(spec: ForgeReplayJobSpec) -> list[Problem]:
+    if spec.suspend and spec.scheduling.queue_name:
+        return [Problem("spec.suspend", _QUEUED_SUSPEND)]
+    return []
+
+
 # Placeholder syntax shared with dump_path.path_problem: only {rollout_id}, braces doubled otherwise.
 _CEL_TEMPLATE_OK = r"^([^{}]|\\{\\{|\\}\\}|\\{rollout_id\\})*$"
 _CEL_IS_TEMPLATE = r"(^|[^{])(\\{\\{)*\\{rollout_id\\}"
 
 CROSS_FIELD_RULES: list[CrossFieldRule] = [
+    CrossFieldRule(
+        "",
+        "!has(self.suspend) || !self.suspend || !has(self.scheduling) || !has(self.scheduling.queueName)"
+        " || self.scheduling.queueName == ''",
+        f"spec.suspend: {_QUEUED_SUSPEND}",
+        ".suspend",
+        _queued_never_suspended,
+    ),
     CrossFieldRule(
         "",
         "self.replay.mode != 'forge' || has(self.rollout)",
@@ -604,9 +689,16 @@ class ForgeReplayJobSpec(_Model):
     )
     image: str = Field(default="", max_length=1024, description="Runtime image; the operator's default when empty.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Placement of the GPU pods.")
+    pod: PodSettings = Field(
+        default_factory=PodSettings, description="Pull secrets, env, annotations, labels and extra resources of every pod."
+    )
     suspend: bool = Field(default=False, description="Suspend the job (the RayJob is suspended, its pods deleted).")
     ttl_seconds_after_finished: int = Field(
-        default=86400, ge=0, description="Seconds a finished job's Ray cluster is kept before it is deleted."
+        default=300,
+        ge=0,
+        le=INT32_MAX,
+        description="Seconds a finished job's Ray cluster (its GPUs) is kept before KubeRay deletes it; results "
+        "and logs outlive it on the results claim and in the status.",
     )
     results: ResultsSpec = Field(default_factory=ResultsSpec, description="Where reports are written.")
 
@@ -657,6 +749,13 @@ class MemoryPeak(_Model):
     rank: int | None = Field(default=None, description="The trainer rank that reached the peak.")
 
 
+class ResultsLocation(_Model):
+    """Where this run writes its reports: a folder of its own on the results claim."""
+
+    claim_name: str = Field(description="The results PVC (spec.results.claimName).")
+    path: str = Field(description="The run's folder, relative to the claim's root: <namespace>/<name>/<uid prefix>.")
+
+
 PHASES = ("Pending", "Verifying", "Launching", "Running", "Succeeded", "Failed", "Suspended")
 
 
@@ -678,6 +777,9 @@ class ForgeReplayJobStatus(_Model):
     start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the job finished (RFC 3339).")
     message: str | None = Field(default=None, description="What is happening now, or why it failed.")
+    results: ResultsLocation | None = Field(
+        default=None, description="Where this run's reports are on the results claim (absent without a claim)."
+    )
 
 
 # ------------------------------------------------------------------------------------------ root

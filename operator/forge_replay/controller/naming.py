@@ -51,6 +51,21 @@ def ray_job_name(job_name: str) -> str:
     return job_name
 
 
+UID_PREFIX = 8
+"""Characters of the job's uid in its results folder: a re-run under the same name gets a new folder."""
+
+
+def results_folder(namespace: str | None, job_name: str, uid: str | None) -> str:
+    """The run's folder on the results claim, relative to its root: ``<namespace>/<name>/<uid prefix>``.
+
+    Without a uid (``forge-replay render`` of a file) the last part is left out: the operator always has one.
+    """
+    parts = [namespace or "default", job_name]
+    if uid:
+        parts.append(uid.replace("-", "")[:UID_PREFIX])
+    return "/".join(parts)
+
+
 def child_labels(job_name: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Labels on every child object: who manages it and which job it belongs to."""
     labels = dict(extra or {})

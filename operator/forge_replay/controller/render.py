@@ -63,11 +63,13 @@ def owner_reference(job: ForgeReplayJob) -> dict[str, Any] | None:
 def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeConfig:
     """The runtime's input file: the job (name, namespace, spec) plus the mount points."""
     meta = ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace)
+    folder = naming.results_folder(job.metadata.namespace, _name(job), job.metadata.uid)
     clean = ForgeReplayJob(metadata=meta, spec=job.spec)
     return RuntimeConfig(
         job=clean,
         dumps_root=paths.DUMPS_MOUNT,
-        results_dir=paths.RESULTS_MOUNT,  # a PVC, or an emptyDir when spec.results.claimName is empty
+        # The run's own folder of the results PVC (or of an emptyDir when spec.results.claimName is empty).
+        results_dir=f"{paths.RESULTS_MOUNT}/{folder}",
         model_root=paths.MODEL_MOUNT if job.spec.model.path else None,
         engine_command=settings.engine_command,
         progress_configmap=naming.progress_map_name(_name(job)),
@@ -103,6 +105,8 @@ def runtime_rbac(job: ForgeReplayJob, settings: OperatorSettings) -> list[dict[s
         "metadata": _metadata(job, name, settings),
         "automountServiceAccountToken": False,
     }
+    if job.spec.pod.image_pull_secrets:
+        account["imagePullSecrets"] = _pull_secrets(job)
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -152,7 +156,7 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
         "image": settings.image_for(job.spec.image),
         "imagePullPolicy": "IfNotPresent",
         "command": verify_command(job),
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *_user_env(job)],
         "resources": {
             "requests": {"cpu": settings.verify_cpu, "memory": settings.verify_memory},
             "limits": {"memory": settings.verify_memory},
@@ -162,7 +166,6 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "dumps", "mountPath": paths.DUMPS_MOUNT, "readOnly": True}],
     }
-    labels = naming.child_labels(_name(job), settings.extra_labels) | {naming.LABEL_ROLE: "verify"}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -171,10 +174,10 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
             "backoffLimit": 0,
             "activeDeadlineSeconds": settings.verify_deadline_seconds,
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": _pod_metadata(job, settings, "verify"),
                 "spec": {
                     "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
+                    **_pod_identity(job, token=False),
                     "securityContext": _pod_security(settings),
                     "containers": [container],
                     "volumes": [_dumps_volume(job)],
@@ -208,6 +211,7 @@ def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
             "suspend": spec.suspend or queued,
             "submitterPodTemplate": _submitter_template(job, settings),
             "rayClusterSpec": {
+                "rayVersion": settings.ray_version,
                 "headGroupSpec": {
                     "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
                     "template": _head_template(job, settings),
@@ -252,8 +256,39 @@ def _pod_security(settings: OperatorSettings) -> dict[str, Any]:
         "runAsUser": uid,
         "runAsGroup": uid,
         "fsGroup": uid,
+        # A large results/model volume is chown'ed once, not at every pod start.
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def _pull_secrets(job: ForgeReplayJob) -> list[dict[str, str]]:
+    return [{"name": s.name} for s in job.spec.pod.image_pull_secrets]
+
+
+def _user_env(job: ForgeReplayJob) -> list[dict[str, Any]]:
+    return [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in job.spec.pod.env]
+
+
+def _pod_identity(job: ForgeReplayJob, *, token: bool) -> dict[str, Any]:
+    """Every pod of the job runs as ``<name>-runtime`` (its pull secrets); only the head mounts the token."""
+    identity: dict[str, Any] = {
+        "serviceAccountName": naming.runtime_account_name(_name(job)),
+        "automountServiceAccountToken": token,
+    }
+    if job.spec.pod.image_pull_secrets:
+        identity["imagePullSecrets"] = _pull_secrets(job)
+    return identity
+
+
+def _pod_metadata(job: ForgeReplayJob, settings: OperatorSettings, role: str) -> dict[str, Any]:
+    """A pod template's labels (spec.pod.labels, then ours) and annotations (spec.pod.annotations)."""
+    pod = job.spec.pod
+    labels = dict(pod.labels) | naming.child_labels(_name(job), settings.extra_labels) | {naming.LABEL_ROLE: role}
+    meta: dict[str, Any] = {"labels": labels}
+    if pod.annotations:
+        meta["annotations"] = dict(pod.annotations)
+    return meta
 
 
 def _container_security() -> dict[str, Any]:
@@ -265,12 +300,13 @@ def _dumps_volume(job: ForgeReplayJob) -> dict[str, Any]:
     return {"name": "dumps", "persistentVolumeClaim": claim}
 
 
-def _volumes(job: ForgeReplayJob, settings: OperatorSettings) -> tuple[list[dict], list[dict]]:
+def _volumes(job: ForgeReplayJob, settings: OperatorSettings, shm_size: str) -> tuple[list[dict], list[dict]]:
     """Volumes and mounts shared by every Ray pod: dumps (ro), config (ro), /dev/shm, model (ro), results."""
     volumes: list[dict[str, Any]] = [
         _dumps_volume(job),
         {"name": "config", "configMap": {"name": naming.config_map_name(_name(job))}},
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+        # /dev/shm counts against the container's memory limit: never larger than that limit.
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "dumps", "mountPath": paths.DUMPS_MOUNT, "readOnly": True},
@@ -297,6 +333,7 @@ def _env(job: ForgeReplayJob) -> list[dict[str, Any]]:
         {"name": "FORGE_REPLAY_JOB", "value": _name(job)},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        *_user_env(job),
     ]
 
 
@@ -308,7 +345,8 @@ def _pod_template(
     container: dict[str, Any],
     gpu_group: bool,
 ) -> dict[str, Any]:
-    volumes, mounts = _volumes(job, settings)
+    limit = container["resources"]["limits"]["memory"]
+    volumes, mounts = _volumes(job, settings, min_quantity(settings.shm_size, limit))
     container = {
         "image": settings.image_for(job.spec.image),
         "imagePullPolicy": "IfNotPresent",
@@ -317,13 +355,8 @@ def _pod_template(
         "securityContext": _container_security(),
         "volumeMounts": mounts,
     }
-    spec: dict[str, Any] = {"securityContext": _pod_security(settings)}
-    if role == "head":
-        # Only the driver (on the head) publishes progress, so only the head gets the token.
-        spec["serviceAccountName"] = naming.runtime_account_name(_name(job))
-        spec["automountServiceAccountToken"] = True
-    else:
-        spec["automountServiceAccountToken"] = False
+    # Only the driver (on the head) publishes progress, so only the head gets the token.
+    spec: dict[str, Any] = {"securityContext": _pod_security(settings), **_pod_identity(job, token=role == "head")}
     spec["containers"] = [container]
     spec["volumes"] = volumes
     scheduling = job.spec.scheduling
@@ -336,8 +369,7 @@ def _pod_template(
             ]
         if scheduling.priority_class_name:
             spec["priorityClassName"] = scheduling.priority_class_name
-    labels = naming.child_labels(_name(job), settings.extra_labels) | {naming.LABEL_ROLE: role}
-    return {"metadata": {"labels": labels}, "spec": spec}
+    return {"metadata": _pod_metadata(job, settings, role), "spec": spec}
 
 
 def _head_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
@@ -356,23 +388,24 @@ def _head_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str,
     return _pod_template(job, settings, role="head", container=container, gpu_group=False)
 
 
-def _gpu_resources(gpus: int, settings: OperatorSettings) -> dict[str, Any]:
+def _gpu_resources(gpus: int, settings: OperatorSettings, extra_resources: dict[str, str]) -> dict[str, Any]:
     if gpus == 0:
         return {
             "requests": {"cpu": settings.cpu_worker_cpu, "memory": settings.cpu_worker_memory},
             "limits": {"memory": settings.cpu_worker_memory},
         }
     memory = f"{gpus * settings.worker_memory_gib_per_gpu}Gi"
+    extra = dict(extra_resources)  # e.g. rdma/ib: extended resources need requests == limits
     return {
-        "requests": {"cpu": str(gpus * settings.worker_cpus_per_gpu), "memory": memory},
-        "limits": {"memory": memory, GPU_RESOURCE: gpus},
+        "requests": {"cpu": str(gpus * settings.worker_cpus_per_gpu), "memory": memory, **extra},
+        "limits": {"memory": memory, GPU_RESOURCE: gpus, **extra},
     }
 
 
 def _worker_group(
     job: ForgeReplayJob, settings: OperatorSettings, *, group: str, replicas: int, gpus: int
 ) -> dict[str, Any]:
-    container = {"name": WORKER_CONTAINER, "resources": _gpu_resources(gpus, settings)}
+    container = {"name": WORKER_CONTAINER, "resources": _gpu_resources(gpus, settings, job.spec.pod.extra_resources)}
     return {
         "groupName": group,
         "replicas": replicas,
@@ -400,12 +433,11 @@ def _rollout_group(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str,
 
 def _submitter_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
     """KubeRay's `ray job submit` pod, non-root like the rest; KubeRay fills in its command."""
-    labels = naming.child_labels(_name(job), settings.extra_labels) | {naming.LABEL_ROLE: "submitter"}
     return {
-        "metadata": {"labels": labels},
+        "metadata": _pod_metadata(job, settings, "submitter"),
         "spec": {
             "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
+            **_pod_identity(job, token=False),
             "securityContext": _pod_security(settings),
             "containers": [
                 {
@@ -417,7 +449,26 @@ def _submitter_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict
                         "limits": {"cpu": "1", "memory": "1Gi"},
                     },
                     "securityContext": _container_security(),
+                    **({"env": _user_env(job)} if job.spec.pod.env else {}),
                 }
             ],
         },
     }
+
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "": 1}
+
+
+def quantity_bytes(quantity: str) -> float:
+    """A Kubernetes memory quantity ("16Gi", "8G", "512Mi", "1e9") in bytes."""
+    text = str(quantity).strip()
+    for suffix, factor in (*_BINARY.items(), *_DECIMAL.items()):
+        if suffix and text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+def min_quantity(a: str, b: str) -> str:
+    """The smaller of two memory quantities, as written."""
+    return a if quantity_bytes(a) <= quantity_bytes(b) else b

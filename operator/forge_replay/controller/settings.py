@@ -21,6 +21,9 @@ class OperatorSettings:
     namespaces: tuple[str, ...] = ()
     """Namespaces watched; empty means the whole cluster."""
 
+    ray_version: str = "2.60.0"
+    """The Ray version of the runtime image (the RayCluster's ``rayVersion``; KubeRay gates features on it)."""
+
     runtime_uid: int = 10001
     """Non-root UID/GID the runtime pods run as (the runtime image's user)."""
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from forge_replay.api import ForgeReplayJob, Problem
 from forge_replay.api.progress import ProgressReport
+from forge_replay.controller.naming import results_folder
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 IN_PROGRESS_PHASES = ("Pending", "Verifying", "Launching", "Running")
@@ -218,7 +219,16 @@ def status_from(
         "startTime": start,
         "completionTime": completion if phase in TERMINAL_PHASES else None,
         "message": _tail(message),
+        "results": results_location(job),
     }
+
+
+def results_location(job: ForgeReplayJob) -> dict[str, str] | None:
+    """``status.results``: the run's folder on its results claim (None without a claim)."""
+    claim = job.spec.results.claim_name
+    if not claim or not job.metadata.name:
+        return None
+    return {"claimName": claim, "path": results_folder(job.metadata.namespace, job.metadata.name, job.metadata.uid)}
 
 
 def status_for_invalid_spec(
