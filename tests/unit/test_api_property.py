@@ -75,3 +75,51 @@ def test_divisibility_rule_matches_arithmetic(num_gpus, per_engine):
     doc = forge_job(spec__rollout={"numGpus": num_gpus, "numGpusPerEngine": per_engine},
                     spec__trainer={"nodes": 1, "gpusPerNode": 8})
     assert (outcome(doc) == "ok") == (num_gpus % per_engine == 0)
+
+
+INT_FIELDS = [
+    ("spec", "replay", "numRollouts"), ("spec", "replay", "startRolloutId"), ("spec", "replay", "evalInterval"),
+    ("spec", "trainer", "nodes"), ("spec", "trainer", "gpusPerNode"), ("spec", "trainer", "microBatchTokens"),
+    ("spec", "trainer", "nSamplesPerPrompt"), ("spec", "trainer", "seed"), ("spec", "rollout", "numGpus"),
+    ("spec", "rollout", "serverConcurrency"), ("spec", "ttlSecondsAfterFinished"),
+]
+not_integers = st.one_of(st.booleans(), st.integers(0, 10**6).map(float), st.integers(0, 10**6).map(str))
+
+
+@settings(max_examples=150, deadline=None)
+@given(path=st.sampled_from(INT_FIELDS), value=not_integers)
+def test_integer_fields_take_integers_only(path, value):
+    """As the API server reads them: true, 4.0 and '4' are not integers."""
+    try:
+        parse_job(mutate(forge_job(), path, value))
+    except SpecInvalid as exc:
+        assert any(p.path == ".".join(path) and "valid integer" in p.message for p in exc.problems), exc.problems
+    else:
+        raise AssertionError(f"{'.'.join(path)}: {value!r} accepted")
+
+
+@settings(max_examples=150, deadline=None)
+@given(path=st.sampled_from(INT_FIELDS), value=st.integers(-2**70, 2**70))
+def test_integer_fields_stay_within_int32(path, value):
+    """Whatever an integer field accepts fits the int32 Kubernetes stores such counts in."""
+    try:
+        job = parse_job(mutate(forge_job(), path, value))
+    except SpecInvalid:
+        return
+    node = job.model_dump(by_alias=True)
+    for part in path:
+        node = node[part]
+    assert node == value and -2**31 <= value < 2**31
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab:&*[]{}-, \n'\"!<#|>?1.e")), max_size=80))
+def test_any_yaml_text_gives_documents_or_a_yaml_error(text):
+    import yaml
+
+    from forge_replay.api.parse import DocumentInvalid, load_yaml_documents
+
+    try:
+        load_yaml_documents(text)
+    except (yaml.YAMLError, DocumentInvalid):
+        pass

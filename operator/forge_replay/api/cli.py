@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from forge_replay.api.parse import DocumentError, NotAForgeReplayJob, load_documents, parse_job
+from forge_replay.api.parse import DocumentError, DocumentInvalid, NotAForgeReplayJob, load_documents, parse_job
 from forge_replay.api.models import SpecInvalid
 
 EXIT_OK, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
@@ -15,14 +15,20 @@ EXIT_OK, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
 def validate_files(files: list[str], out=None) -> int:
     """Validate every document of every file; print `FILE: field.path: message` per problem.
 
-    Returns 0 when all are valid, 1 when any ForgeReplayJob is invalid, 2 when a file cannot be
-    read, is not YAML, or holds something other than a ForgeReplayJob (2 wins over 1).
+    Returns 0 when all are valid, 1 when any ForgeReplayJob is invalid (or its YAML is one the API server
+    refuses: duplicate keys, an alias bomb, runaway nesting), 2 when a file cannot be read, is not YAML,
+    or holds something other than a ForgeReplayJob (2 wins over 1).
     """
     out = out or sys.stdout
     worst = EXIT_OK
     for name in files:
         try:
             docs = load_documents(name)
+        except DocumentInvalid as exc:  # YAML the API server refuses: a field problem, like an invalid spec
+            for problem in exc.problems:
+                print(f"{name}: {problem}", file=out)
+            worst = max(worst, EXIT_INVALID)
+            continue
         except DocumentError as exc:
             print(f"{name}: {exc}", file=out)
             worst = EXIT_UNUSABLE

@@ -9,9 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
@@ -33,6 +42,71 @@ MAX_PATH_LENGTH = 4096
 
 FT_COMPONENTS = ("train", "rollout")
 INT32_MAX = 2**31 - 1  # Kubernetes int32 fields (e.g. RayJob.spec.ttlSecondsAfterFinished)
+MAX_SAMPLES_PER_PROMPT = 4096  # GRPO groups are 8-512 in practice; --synth-missing writes 4 prompts x this
+
+Int = Annotated[int, Strict()]
+"""An integer as the API server reads one: no bool, no '4', no 4.0."""
+FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
+"""A number that JSON (and so the API server) can carry: no .inf, no .nan, no '1e-6' string."""
+
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_QUALIFIED_NAME = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+TOTAL_ANNOTATION_BYTES = 256 * 1024  # k8s.io/apimachinery ValidateAnnotationsSize
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why ``key`` is not a Kubernetes label/annotation key (a qualified name), or None
+    (k8s.io/apimachinery/pkg/util/validation: IsQualifiedName)."""
+    import re
+
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix:
+        return f"key {_short(key)} has more than one '/'"
+    if "/" in key and not (len(prefix) <= 253 and re.fullmatch(DNS1123_SUBDOMAIN, prefix)):
+        return f"key {_short(key)}: the prefix before '/' must be a DNS-1123 subdomain of at most 253 characters"
+    if not (len(name) <= 63 and re.fullmatch(_QUALIFIED_NAME, name)):
+        return (f"key {_short(key)}: the name must be 1-63 characters of letters, digits, '-', '_' and '.', "
+                "starting and ending with a letter or digit")
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a Kubernetes label value, or None (IsValidLabelValue)."""
+    import re
+
+    if value and not (len(value) <= 63 and re.fullmatch(_QUALIFIED_NAME, value)):
+        return (f"value {_short(value)} must be empty or 1-63 characters of letters, digits, '-', '_' and '.', "
+                "starting and ending with a letter or digit")
+    return None
+
+
+def _short(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _check_labels(value: dict[str, str]) -> dict[str, str]:
+    problems = [Problem(key, why) for key, item in value.items()
+                for why in (label_key_problem(key), label_value_problem(item)) if why]
+    if problems:
+        raise SpecInvalid(problems)
+    return value
+
+
+def _check_annotations(value: dict[str, str]) -> dict[str, str]:
+    problems = [Problem(key, why) for key in value if (why := label_key_problem(key))]
+    size = sum(len(k) + len(v) for k, v in value.items())
+    if size > TOTAL_ANNOTATION_BYTES:
+        problems.append(Problem("", f"{size} bytes of annotations; the API server allows {TOTAL_ANNOTATION_BYTES}"))
+    if problems:
+        raise SpecInvalid(problems)
+    return value
+
+
+Labels = Annotated[dict[str, str], AfterValidator(_check_labels)]
+"""Label keys and values as the API server checks them (also node selectors)."""
+Annotations = Annotated[dict[str, str], AfterValidator(_check_annotations)]
+"""Annotation keys and total size as the API server checks them."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +181,9 @@ class ReplaySpec(_Model):
         )
     )
     dumps: DumpsSpec = _desc("Location of the rollout dumps (slime/miles save_debug_rollout_data format).")
-    num_rollouts: int = Field(ge=1, le=1_000_000, description="Number of rollouts (training steps) to replay.")
-    start_rollout_id: int = Field(default=0, ge=0, le=1_000_000, description="First rollout id replayed.")
-    eval_interval: int = Field(
+    num_rollouts: Int = Field(ge=1, le=1_000_000, description="Number of rollouts (training steps) to replay.")
+    start_rollout_id: Int = Field(default=0, ge=0, le=1_000_000, description="First rollout id replayed.")
+    eval_interval: Int = Field(
         default=0,
         ge=0,
         le=1_000_000,
@@ -154,26 +228,27 @@ class ModelSpec(_Model):
 class TrainerSpec(_Model):
     """The builtin FSDP trainer."""
 
-    nodes: int = Field(default=1, ge=1, le=4096, description="Trainer nodes (Ray worker pods).")
-    gpus_per_node: int = Field(
+    nodes: Int = Field(default=1, ge=1, le=4096, description="Trainer nodes (Ray worker pods).")
+    gpus_per_node: Int = Field(
         default=8, ge=0, le=64, description="GPUs per trainer node; 0 trains on CPUs (local runs, smoke tests)."
     )
-    micro_batch_tokens: int = Field(
-        default=65536, ge=1, description="Micro-batches are packed with samples up to this many tokens."
+    micro_batch_tokens: Int = Field(
+        default=65536, ge=1, le=INT32_MAX, description="Micro-batches are packed with samples up to this many tokens."
     )
     gradient_checkpointing: bool = Field(default=True, description="Recompute activations in the backward pass.")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16",
         description="Compute dtype (FSDP2 mixed precision); master weights and AdamW state stay float32.",
     )
-    learning_rate: float = Field(default=1.0e-6, gt=0, description="AdamW learning rate.")
-    clip_eps: float = Field(default=0.2, gt=0, description="Lower PPO/GRPO ratio clip: ratio >= 1 - clipEps.")
-    clip_eps_high: float | None = Field(
+    learning_rate: FiniteFloat = Field(default=1.0e-6, gt=0, description="AdamW learning rate.")
+    clip_eps: FiniteFloat = Field(default=0.2, gt=0, description="Lower PPO/GRPO ratio clip: ratio >= 1 - clipEps.")
+    clip_eps_high: FiniteFloat | None = Field(
         default=None, gt=0, description="Upper ratio clip: ratio <= 1 + clipEpsHigh; defaults to clipEps."
     )
-    n_samples_per_prompt: int | None = Field(
+    n_samples_per_prompt: Int | None = Field(
         default=None,
         ge=1,
+        le=MAX_SAMPLES_PER_PROMPT,
         description=(
             "GRPO group size (consecutive samples); when unset, samples are grouped by their group_index."
         ),
@@ -181,7 +256,7 @@ class TrainerSpec(_Model):
     normalize_advantage_std: bool = Field(
         default=True, description="Divide group-centred rewards by the group's std (+1e-6)."
     )
-    seed: int = Field(default=1234, ge=0, description="Random seed (model init, data order).")
+    seed: Int = Field(default=1234, ge=0, le=INT32_MAX, description="Random seed (model init, data order).")
     memory_snapshot: bool = Field(
         default=False, description="On GPU, also write a torch CUDA memory snapshot per rank to the results."
     )
@@ -196,9 +271,11 @@ class TrainerSpec(_Model):
 class RolloutSpec(_Model):
     """The sglang engines kept alive in forge mode."""
 
-    num_gpus: int = Field(ge=1, le=65536, description="GPUs for all engines together.")
-    num_gpus_per_engine: int = Field(ge=1, le=64, description="GPUs per engine; must divide numGpus.")
-    server_concurrency: int = Field(default=512, ge=1, description="Concurrent requests per engine server.")
+    num_gpus: Int = Field(ge=1, le=65536, description="GPUs for all engines together.")
+    num_gpus_per_engine: Int = Field(ge=1, le=64, description="GPUs per engine; must divide numGpus.")
+    server_concurrency: Int = Field(
+        default=512, ge=1, le=INT32_MAX, description="Concurrent requests per engine server."
+    )
     colocate: bool = Field(default=False, description="Engines share the trainer's GPUs.")
     weight_sync: Literal["auto", "disk", "tensor", "distributed"] = Field(
         default="auto",
@@ -248,9 +325,9 @@ class RolloutSpec(_Model):
 class HealthCheckSpec(_Model):
     """Engine health probes (rollout-side fault tolerance)."""
 
-    interval_seconds: int = Field(default=30, ge=1, le=86400, description="Seconds between /health_generate probes.")
-    timeout_seconds: int = Field(default=30, ge=1, le=86400, description="Seconds before a probe counts as failed.")
-    first_wait_seconds: int = Field(default=0, ge=0, le=86400, description="Seconds to wait before the first probe.")
+    interval_seconds: Int = Field(default=30, ge=1, le=86400, description="Seconds between /health_generate probes.")
+    timeout_seconds: Int = Field(default=30, ge=1, le=86400, description="Seconds before a probe counts as failed.")
+    first_wait_seconds: Int = Field(default=0, ge=0, le=86400, description="Seconds to wait before the first probe.")
 
 
 class FaultToleranceSpec(_Model):
@@ -283,13 +360,13 @@ class Toleration(_Model):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to match; all effects when empty."
     )
-    toleration_seconds: int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
+    toleration_seconds: Int | None = Field(default=None, description="How long a NoExecute taint is tolerated.")
 
 
 class SchedulingSpec(_Model):
     """Where the GPU pods land."""
 
-    node_selector: dict[str, str] = Field(
+    node_selector: Labels = Field(
         default_factory=dict, description="Node labels for the GPU pods (e.g. nvidia.com/gpu.product: NVIDIA-H200)."
     )
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for the GPU pods.")
@@ -354,8 +431,8 @@ class PodSettings(_Model):
         default_factory=list, description="Secrets to pull the runtime image with (also on the runtime ServiceAccount)."
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables of every container.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations of every pod.")
-    labels: dict[str, str] = Field(
+    annotations: Annotations = Field(default_factory=dict, description="Extra annotations of every pod.")
+    labels: Labels = Field(
         default_factory=dict, description="Extra labels of every pod (forge-replay's own labels win)."
     )
     extra_resources: dict[str, str] = Field(
@@ -693,7 +770,7 @@ class ForgeReplayJobSpec(_Model):
         default_factory=PodSettings, description="Pull secrets, env, annotations, labels and extra resources of every pod."
     )
     suspend: bool = Field(default=False, description="Suspend the job (the RayJob is suspended, its pods deleted).")
-    ttl_seconds_after_finished: int = Field(
+    ttl_seconds_after_finished: Int = Field(
         default=300,
         ge=0,
         le=INT32_MAX,
@@ -793,8 +870,8 @@ class ObjectMeta(BaseModel):
     name: str | None = None
     generate_name: str | None = Field(default=None, alias="generateName")
     namespace: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
+    annotations: Annotations = Field(default_factory=dict)
     uid: str | None = None
     generation: int | None = None
 
@@ -815,6 +892,18 @@ class ObjectMeta(BaseModel):
                 "starting with a letter and ending with a letter or digit"
             )
         return name
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_rules(cls, namespace: str | None) -> str | None:
+        import re
+
+        if namespace is not None and not (len(namespace) <= 63 and re.fullmatch(DNS1123_LABEL, namespace)):
+            raise ValueError(
+                f"{_short(namespace)} must be a DNS-1123 label of at most 63 characters: lowercase letters, "
+                "digits and '-', starting and ending with a letter or digit"
+            )
+        return namespace
 
 
 class ForgeReplayJob(_Model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +21,190 @@ class DocumentError(ValueError):
     """A file cannot be read or is not YAML."""
 
 
+class DocumentInvalid(DocumentError):
+    """YAML the API server would refuse (duplicate keys, alias bombs, runaway nesting); ``problems`` name
+    the field and the line."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+MAX_DOCUMENT_BYTES = 3 * 1024 * 1024
+"""kube-apiserver refuses request bodies over 3 MiB (k8s.io/apiserver/pkg/server/config.go,
+``MaxRequestBodyBytes``); a file larger than that can never be applied."""
+
+MAX_NESTING = 100
+"""Deepest nesting forge-replay reads (a ForgeReplayJob needs under 10 levels, a model config a few more).
+The API server's own JSON limit (10000) is beyond what Python's recursion can validate."""
+
+# gopkg.in/yaml.v2 decode.go (vendored by sigs.k8s.io/yaml, which kubectl and the API server decode YAML
+# with): after more than 100 alias-expanded nodes in a document of more than 1000 decoded nodes, at most
+# 99% of the nodes may come from alias expansion up to 400,000 decoded nodes, falling linearly to 10%
+# at 4,000,000 ("document contains excessive aliasing").
+_ALIAS_RANGE_LOW, _ALIAS_RANGE_HIGH = 400_000, 4_000_000
+
+# go-yaml resolves plain scalars such as 1e-6 and 1e26 as floats; PyYAML (YAML 1.1) wants a dot and a
+# signed exponent and would read them as strings (gopkg.in/yaml.v2 resolve.go, yamlStyleFloat).
+_GO_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+
+
+def allowed_alias_ratio(decoded: int) -> float:
+    """The share of a document's decoded nodes that may come from alias expansion (go-yaml's rule)."""
+    if decoded <= _ALIAS_RANGE_LOW:
+        return 0.99
+    if decoded >= _ALIAS_RANGE_HIGH:
+        return 0.10
+    return 0.99 - 0.89 * (decoded - _ALIAS_RANGE_LOW) / (_ALIAS_RANGE_HIGH - _ALIAS_RANGE_LOW)
+
+
+def excessive_aliasing(decoded: int, aliased: int) -> bool:
+    """True when go-yaml would stop with "document contains excessive aliasing"."""
+    return aliased > 100 and decoded > 1000 and aliased / decoded > allowed_alias_ratio(decoded)
+
+
+class _Refused(yaml.YAMLError):
+    def __init__(self, path: str, message: str):
+        self.problem = Problem(path, message)
+        super().__init__(str(self.problem))
+
+
+class _KubernetesYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with the limits of the Kubernetes YAML path (sigs.k8s.io/yaml): duplicate keys,
+    alias expansion and nesting are checked while composing, before anything walks the document.
+
+    The decoded and aliased node counts follow go-yaml's decoder, which expands every alias: an alias
+    counts one node plus the expanded size of its anchor, all of it aliased. Checking at the end of each
+    alias is exact, since between aliases the aliased share only falls."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._path: list[str | int] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._decoded = self._aliased = self._deepest = 0
+        self._expanded: dict[int, tuple[int, int]] = {}  # id(anchored node) -> (nodes when expanded, height)
+
+    def compose_document(self):
+        self._reset()
+        return super().compose_document()
+
+    def _where(self) -> str:
+        out = ""
+        for part in self._path:
+            out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+        return out if len(out) <= 200 else f"{out[:120]}...{out[-60:]}"
+
+    def compose_node(self, parent, index):
+        pushed = index is not None
+        if pushed:
+            self._path.append(index if isinstance(index, int) else _key_text(index))
+        try:
+            return self._compose_checked(parent, index)
+        finally:
+            if pushed:
+                self._path.pop()
+
+    def _compose_checked(self, parent, index):
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        depth = len(self._path) + 1
+        if isinstance(event, yaml.AliasEvent):
+            anchored = self.anchors.get(event.anchor)
+            if anchored is not None:
+                if id(anchored) not in self._expanded:
+                    raise _Refused(self._where(), f"line {line}: alias *{event.anchor} refers to a node that "
+                                                  "contains it (the API server refuses a recursive alias)")
+                nodes, height = self._expanded[id(anchored)]
+                self._decoded += 1 + nodes
+                self._aliased += nodes
+                self._deepest = max(self._deepest, depth - 1 + height)
+                if excessive_aliasing(self._decoded, self._aliased):
+                    raise _Refused(self._where(), f"line {line}: alias *{event.anchor} expands the document to "
+                                                  f"{self._decoded} nodes, {self._aliased} of them from aliases; "
+                                                  "the API server refuses such excessive aliasing (an alias bomb)")
+                if depth - 1 + height > MAX_NESTING:
+                    raise _Refused(self._where(), f"line {line}: alias *{event.anchor} nests deeper than "
+                                                  f"{MAX_NESTING} levels")
+            return super().compose_node(parent, index)
+        if depth > MAX_NESTING:
+            raise _Refused(self._where(), f"line {line}: nested deeper than {MAX_NESTING} levels")
+        self._decoded += 1
+        before, outer_deepest = self._decoded, self._deepest
+        self._deepest = depth
+        node = super().compose_node(parent, index)
+        if getattr(event, "anchor", None) is not None:
+            self._expanded[id(node)] = (self._decoded - before + 1, self._deepest - depth + 1)
+        self._deepest = max(outer_deepest, self._deepest)
+        if isinstance(node, yaml.MappingNode):
+            self._refuse_duplicate_keys(node)
+        return node
+
+    def _refuse_duplicate_keys(self, node: yaml.MappingNode) -> None:
+        first: dict[tuple[str, str], int] = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            line = key.start_mark.line + 1
+            seen = first.get((key.tag, key.value))
+            first.setdefault((key.tag, key.value), line)
+            if seen is not None:
+                self._path.append(_key_text(key))
+                where = self._where()
+                self._path.pop()
+                raise _Refused(where, f"duplicate key {_key_text(key)!r} at line {line} (first at line {seen}); "
+                                      "the API server refuses duplicate fields")
+
+
+def _key_text(node: yaml.Node) -> str:
+    text = node.value if isinstance(node, yaml.ScalarNode) else f"<{node.id}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_KubernetesYamlLoader.add_implicit_resolver("tag:yaml.org,2002:float", _GO_FLOAT, list("-+.0123456789"))
+
+
+def load_yaml_documents(text: str) -> list[Any]:
+    """Every non-empty YAML document of ``text``, read within the API server's limits.
+
+    Raises DocumentInvalid (field path and line) for YAML the API server refuses, yaml.YAMLError otherwise."""
+    loader = _KubernetesYamlLoader(text)
+    try:
+        docs = []
+        while loader.check_data():
+            doc = loader.get_data()
+            if doc is not None:
+                docs.append(doc)
+        return docs
+    except _Refused as exc:
+        raise DocumentInvalid([exc.problem]) from None
+    except RecursionError:  # defensive: MAX_NESTING keeps well below Python's limit
+        raise DocumentInvalid([Problem("", f"nested too deeply (more than {MAX_NESTING} levels)")]) from None
+    finally:
+        loader.dispose()
+
+
 def load_documents(path: str | Path) -> list[Any]:
     """Read every YAML document of ``path`` (``-`` is stdin), skipping empty ones."""
     import sys
 
     try:
-        text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
+        if str(path) == "-":
+            text = sys.stdin.read(MAX_DOCUMENT_BYTES + 1)
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read(MAX_DOCUMENT_BYTES + 1)
     except (OSError, UnicodeDecodeError) as exc:
         raise DocumentError(f"cannot read: {getattr(exc, 'strerror', None) or exc}") from exc
+    if len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES:
+        raise DocumentError(f"larger than {MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB, the API server's request limit")
     try:
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        return load_yaml_documents(text)
+    except DocumentInvalid:
+        raise
     except yaml.YAMLError as exc:
-        raise DocumentError(f"not valid YAML: {' '.join(str(exc).split())}") from exc
+        raise DocumentError(f"not valid YAML: {' '.join(str(exc).split())[:300]}") from exc
 
 
 def check_kind(doc: Any) -> None:
