@@ -224,7 +224,7 @@ def test_numpy_arrays_load_but_object_arrays_do_not_smuggle_code(tmp_path):
     evil = np.empty(1, dtype=object)
     evil[0] = _RunsCode(os.system, f"touch {marker}")
     torch.save({"x": evil}, path)
-    with pytest.raises(DumpError, match="posix.system"):
+    with pytest.raises(DumpError, match="refused to load: numpy dtype 'O8'"):
         safe_load(path)
     assert not marker.exists()
 

@@ -147,7 +147,7 @@ def pack(
 
     from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
     from forge_replay.dumps import DumpError, load_raw
-    from forge_replay.dumps.packed import load_packed_raw, write_packed
+    from forge_replay.dumps.packed import identical, load_packed_raw, write_packed
     from forge_replay.dumps.progress import progress_bar
 
     for name, value in (("SOURCE", source), ("DESTINATION", destination)):
@@ -178,8 +178,11 @@ def pack(
             try:
                 blob = load_raw(src)
                 write_packed(dst, blob["rollout_id"], blob["samples"])
-                if not no_check and not _same(load_packed_raw(dst), blob):
-                    _fail(f"{dst}: packed file does not read back identical to {src}")
+                del blob
+                # A fresh read of both files from disk, compared strictly: the check trusts no memory.
+                if not no_check and not identical(load_packed_raw(dst), load_raw(src)):
+                    os.unlink(dst)
+                    _fail(f"{dst}: packed file does not read back identical to {src}; removed it")
             except DumpError as exc:
                 _fail(str(exc))
             packed += 1
@@ -188,22 +191,3 @@ def pack(
     if packed == 0:
         sys.exit(1)
 
-
-def _same(a: object, b: object) -> bool:
-    """Deep equality that also compares tensors by value."""
-    if hasattr(a, "equal") and hasattr(b, "equal") and not isinstance(a, (list, dict)):
-        return type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and bool(a.equal(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if type(a) is not type(b) or len(a) != len(b):
-            return False
-        try:
-            if a == b:  # C-speed path for plain number lists
-                return True
-        except RuntimeError:  # tensors inside: compare element by element
-            pass
-        return all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
-        return True  # NaN
-    return type(a) is type(b) and a == b

@@ -15,6 +15,7 @@ packed dump round-trips to exactly the dicts it was made from.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -229,3 +230,42 @@ def load_packed_raw(path: str) -> dict[str, Any]:
     """The packed dump as slime's top-level dict ``{"rollout_id", "samples": [dict, ...]}``."""
     dump = open_packed(path, use_mmap=False)
     return {"rollout_id": dump.rollout_id, "samples": dump.sample_dicts()}
+
+
+def identical(a: Any, b: Any) -> bool:
+    """Same structure, same types, same values (NaN equals NaN; tensors and arrays by dtype, shape, values).
+
+    What `dumps pack` checks a packed file against its source with; dict key order counts, as
+    ``Sample.to_dict`` keeps it.
+    """
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return False
+        try:
+            if a == b and list(map(type, a)) == list(map(type, b)):  # C-speed path for plain number lists
+                return all(not _nested(x) for x in a) or all(identical(x, y) for x, y in zip(a, b))
+        except (RuntimeError, ValueError):  # tensors or arrays inside: compare element by element
+            pass
+        return all(identical(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if hasattr(a, "dtype") and hasattr(a, "shape") and hasattr(a, "isnan"):  # a torch tensor (torch stays lazy here)
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.is_floating_point() or a.is_complex():
+            return bool(((a == b) | (a.isnan() & b.isnan())).all())
+        return bool((a == b).all())
+    try:
+        return bool(a == b)
+    except (RuntimeError, ValueError):
+        return False
+
+
+def _nested(value: Any) -> bool:
+    return isinstance(value, (list, tuple, dict)) or hasattr(value, "dtype")

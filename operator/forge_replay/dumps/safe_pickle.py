@@ -5,21 +5,25 @@ but parses in Python (about 9x slower on rollout dumps). This module keeps the C
 only overrides ``find_class`` (an allowlist: tensor rebuild, dtypes, OrderedDict, ...) and
 ``persistent_load`` (storages read from the zip's ``data/<key>`` records). No other global is
 ever resolved, so nothing named by the pickle can run; the parse itself stays at C speed.
-Storage-type globals resolve to inert markers, so a pickle cannot even call a storage
-constructor.
-"""
+
+Integrity: nothing ``find_class`` hands out can be changed by the pickle (BUILD, attribute
+state), so no dump can affect a later load. Functions are handed out as read-only wrappers that
+check their arguments, storage types as read-only markers (a pickle cannot even call a storage
+constructor), numpy dtypes as checked tokens (numpy's own ``dtype.__setstate__`` can crash the
+process), everything else is an immutable builtin. tests/unit/test_dumps_hostile.py holds the
+attacks."""
 
 from __future__ import annotations
 
-import _codecs
 import _compat_pickle
 import collections
 import io
 import os
 import pickle
+import re
+import reprlib
 import sys
 import warnings
-from dataclasses import dataclass
 from typing import IO, Any
 
 import torch
@@ -42,29 +46,110 @@ class DumpError(Exception):
         super().__init__(message)
 
 
-class RefusedGlobal(pickle.UnpicklingError):
+class Refused(pickle.UnpicklingError):
+    """The pickle asks for something a dump may not do (a global, an attribute write, a foreign dtype)."""
+
+
+class RefusedGlobal(Refused):
     """The pickle names a global outside the allowlist."""
 
     def __init__(self, module: str, name: str):
         self.global_name = f"{module}.{name}"
-        super().__init__(f"refused global {self.global_name}: not in forge-replay's allowlist")
+        super().__init__(f"the pickle names global {self.global_name}, which is not allowed in a rollout dump")
 
 
-@dataclass(frozen=True)
-class _StorageType:
-    """Inert stand-in for ``torch.<X>Storage`` classes: carries the dtype, cannot be called."""
+class _Sealed:
+    """Base of everything ``find_class`` hands out that is not an immutable builtin.
 
-    dtype: torch.dtype
+    Nothing in a pickle can change it: BUILD with a dict state finds no ``__dict__`` (slots only),
+    BUILD with slot state and SETATTR-like tricks hit ``__setattr__``, which refuses. A dump can
+    therefore not change anything that outlives its own load (issue 19: a BUILD on a shared
+    marker or on ``_rebuild_tensor_v2.__defaults__`` used to poison every later load).
+    """
+
+    __slots__ = ()
+
+    @property
+    def __dict__(self) -> Any:  # what pickle's BUILD writes a dict state into
+        raise Refused(f"the pickle sets state on {self!r}, which is read-only")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise Refused(f"the pickle sets attribute {_quote(name)} of {self!r}, which is read-only")
+
+    def __delattr__(self, name: str) -> None:
+        raise Refused(f"the pickle deletes attribute {_quote(name)} of {self!r}, which is read-only")
+
+
+class _StorageType(_Sealed):
+    """Inert stand-in for ``torch.<X>Storage`` classes: carries the dtype, cannot be called or changed."""
+
+    __slots__ = ("dtype", "name")
+
+    def __init__(self, dtype: torch.dtype, name: str):
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "name", name)
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+class _Call(_Sealed):
+    """A read-only callable standing for an allowlisted function (functions themselves are mutable)."""
+
+    __slots__ = ("_fn", "_name")
+
+    def __init__(self, fn: Any, name: str):
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_name", name)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *rest: Any):
+    """``torch._utils._rebuild_tensor_v2`` with its arguments checked first (types, hooks, storage bounds)."""
+    if not isinstance(storage, torch.storage.TypedStorage) or len(rest) > 1:
+        raise pickle.UnpicklingError("malformed tensor record")
+    if not isinstance(offset, int) or not _int_tuple(size) or not _int_tuple(stride) or len(size) != len(stride):
+        raise pickle.UnpicklingError(f"malformed tensor geometry: offset {_quote(offset)}, size {_quote(size)}")
+    if type(requires_grad) is not bool or (hooks is not None and (not isinstance(hooks, dict) or hooks)):
+        raise pickle.UnpicklingError("malformed tensor record: requires_grad must be a bool and backward hooks empty")
+    metadata = rest[0] if rest else None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise pickle.UnpicklingError(f"malformed tensor metadata {_quote(metadata)}")
+    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, collections.OrderedDict(), metadata)
+
+
+def _int_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(type(v) is int for v in value)
+
+
+def _latin1(text: Any, encoding: Any) -> bytes:
+    """``_codecs.encode`` as protocol 2 uses it (bytes pickled as a latin-1 str), and nothing else."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise Refused(f"_codecs.encode with encoding {_quote(encoding)}: only latin1 is allowed")
+    return text.encode("latin1")
+
+
+def _empty_bytes(*args: Any) -> bytes:
+    """``bytes()``, which protocol 2 writes for ``b""``; ``bytes(n)`` would allocate n bytes, so no arguments."""
+    if args:
+        raise Refused(f"bytes{_quote(args)}: only bytes() is allowed")
+    return b""
 
 
 def _tensor_rebuild_globals() -> dict[tuple[str, str], Any]:
     allowed: dict[tuple[str, str], Any] = {
-        ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+        ("torch._utils", "_rebuild_tensor_v2"): _Call(_rebuild_tensor, "torch._utils._rebuild_tensor_v2"),
         ("torch", "Size"): torch.Size,
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("torch", "device"): torch.device,
         # protocol 2 pickles bytes (e.g. numpy array data) as _codecs.encode(str, "latin1")
-        ("_codecs", "encode"): _codecs.encode,
+        ("_codecs", "encode"): _Call(_latin1, "_codecs.encode"),
+        ("builtins", "bytes"): _Call(_empty_bytes, "builtins.bytes"),
     }
     with warnings.catch_warnings():  # touching legacy storage classes warns about TypedStorage
         warnings.simplefilter("ignore")
@@ -79,13 +164,76 @@ def _add_torch_names(allowed: dict[tuple[str, str], Any]) -> None:
             allowed[("torch", name)] = value
         elif name.endswith("Storage") and isinstance(value, type):
             if value is torch.UntypedStorage:
-                allowed[("torch", name)] = _StorageType(torch.uint8)
+                allowed[("torch", name)] = _StorageType(torch.uint8, name)
             elif issubclass(value, torch.storage._LegacyStorage):
-                allowed[("torch", name)] = _StorageType(value.dtype)
+                allowed[("torch", name)] = _StorageType(value.dtype, name)
+
+
+# numpy: plain numeric arrays and scalars only (slime stores routed experts as an int32 ndarray).
+# numpy's own dtype.__setstate__ crashes the interpreter on some states, so dtypes are tokens
+# checked here and turned into real dtypes only when an array or scalar is built.
+_PLAIN_NUMPY_DTYPE = re.compile(r"[<>|=]?(b1|[iu][1248]|f[248]|c(8|16))")
+
+
+class _NumpyDType(_Sealed):
+    """A checked ``numpy.dtype(spec, align, copy)`` call; its BUILD state may only set the byte order."""
+
+    __slots__ = ("spec", "byteorder")
+
+    def __init__(self, spec: Any, align: Any = False, copy: Any = False):
+        if not isinstance(spec, str) or not _PLAIN_NUMPY_DTYPE.fullmatch(spec) or type(align) is not bool:
+            raise Refused(f"numpy dtype {_quote(spec)}: only plain numeric dtypes are allowed")
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "byteorder", "=")
+
+    def __setstate__(self, state: Any) -> None:
+        # numpy pickles a plain dtype's state as (3, byteorder, None, None, None, -1, -1, 0).
+        if not (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and state[1] in ("<", ">", "|", "=")):
+            raise Refused(f"numpy dtype state {_quote(state)}: only a byte order may be set")
+        if state[2:] != (None, None, None, -1, -1, 0):
+            raise Refused(f"numpy dtype state {_quote(state)}: only a byte order may be set")
+        object.__setattr__(self, "byteorder", state[1])
+
+    def real(self) -> Any:
+        import numpy as np
+
+        dtype = np.dtype(self.spec)
+        return dtype if self.byteorder in ("=", "|") else dtype.newbyteorder(self.byteorder)
+
+    def __repr__(self) -> str:
+        return f"numpy.dtype({self.spec!r})"
+
+
+def _numpy_array_class() -> Any:
+    import numpy as np
+
+    class DumpArray(np.ndarray):
+        """An ndarray read from a dump: its pickled state is checked before numpy sees it; pickles as ndarray."""
+
+        def __setstate__(self, state: Any) -> None:
+            if not (isinstance(state, tuple) and len(state) == 5 and state[0] == 1):
+                raise Refused(f"numpy array state {_quote(state)}")
+            _, shape, dtype, fortran, data = state
+            if not _int_tuple(shape) or any(n < 0 for n in shape) or not isinstance(dtype, _NumpyDType):
+                raise Refused(f"numpy array of shape {_quote(shape)} and dtype {_quote(dtype)}")
+            real = dtype.real()
+            count = 1
+            for n in shape:
+                count *= n
+            if type(fortran) is not bool or not isinstance(data, bytes) or len(data) != count * real.itemsize:
+                raise pickle.UnpicklingError(f"numpy array data does not match shape {_quote(shape)} and {real}")
+            np.ndarray.__setstate__(self, (1, shape, real, fortran, data))
+
+        def __reduce__(self) -> Any:  # saved again (pack, Ray), it is a plain ndarray
+            return self.view(np.ndarray).__reduce__()
+
+    DumpArray.__module__ = __name__
+    DumpArray.__qualname__ = "DumpArray"
+    return DumpArray
 
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:
-    """numpy arrays of plain dtypes (some dumps hold them); object arrays still go through the allowlist."""
+    """numpy arrays and scalars of plain numeric dtypes (some dumps hold them); nothing else of numpy."""
     try:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy is a dependency
@@ -95,19 +243,42 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     except ImportError:  # numpy < 2
         from numpy.core import multiarray  # type: ignore[no-redef]
 
-    reconstruct = multiarray._reconstruct
-    scalar = multiarray.scalar
-    allowed: dict[tuple[str, str], Any] = {}
+    array_class = _numpy_array_class()
+
+    def reconstruct(cls: Any, shape: Any, typecode: Any) -> Any:
+        if cls is not np.ndarray or shape != (0,) or typecode != b"b":
+            raise Refused(f"numpy _reconstruct of {_quote(cls)}: only plain ndarrays are allowed")
+        return array_class((0,), dtype=np.uint8)
+
+    def scalar(dtype: Any, data: Any) -> Any:
+        if not isinstance(dtype, _NumpyDType) or not isinstance(data, bytes):
+            raise Refused(f"numpy scalar of {_quote(dtype)}")
+        real = dtype.real()
+        if len(data) != real.itemsize:
+            raise pickle.UnpicklingError(f"numpy scalar data has {len(data)} bytes, {real} needs {real.itemsize}")
+        return multiarray.scalar(real, data)
+
+    allowed: dict[tuple[str, str], Any] = {
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): _Call(_NumpyDType, "numpy.dtype"),
+    }
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        allowed[(module, "_reconstruct")] = reconstruct
-        allowed[(module, "scalar")] = scalar
-    allowed[("numpy", "ndarray")] = np.ndarray
-    allowed[("numpy", "dtype")] = np.dtype
-    for name in dir(np.dtypes):
-        value = getattr(np.dtypes, name)
-        if isinstance(value, type) and issubclass(value, np.dtype) and name != "ObjectDType":
-            allowed[("numpy.dtypes", name)] = value
+        allowed[(module, "_reconstruct")] = _Call(reconstruct, f"{module}._reconstruct")
+        allowed[(module, "scalar")] = _Call(scalar, f"{module}.scalar")
     return allowed
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 120, 80, 40
+
+
+def _quote(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so an error message stays small whatever a dump holds."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a hostile object's repr may fail; say what it is instead
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {**_tensor_rebuild_globals(), **_numpy_globals()}
@@ -134,16 +305,16 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def persistent_load(self, saved_id: Any) -> Any:
         if self._storage_reader is None:
-            raise pickle.UnpicklingError(f"persistent id {saved_id!r} outside a torch.save zip archive")
+            raise pickle.UnpicklingError(f"persistent id {_quote(saved_id)} outside a torch.save zip archive")
         if not isinstance(saved_id, tuple) or len(saved_id) != 5:
-            raise pickle.UnpicklingError(f"malformed persistent id {saved_id!r}")
+            raise pickle.UnpicklingError(f"malformed persistent id {_quote(saved_id)}")
         typename, storage_type, key, _location, numel = saved_id
         if isinstance(typename, bytes):
             typename = typename.decode("ascii")
         if typename != "storage" or not isinstance(storage_type, _StorageType):
-            raise pickle.UnpicklingError(f"unsupported persistent id {saved_id[:2]!r}")
+            raise pickle.UnpicklingError(f"unsupported persistent id {_quote(saved_id[:2])}")
         if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
-            raise pickle.UnpicklingError(f"malformed storage reference {saved_id!r}")
+            raise pickle.UnpicklingError(f"malformed storage reference {_quote(saved_id)}")
         dtype = storage_type.dtype
         cached = self._storages.get(key)
         if cached is not None and cached.dtype == dtype:
@@ -169,11 +340,11 @@ class _ZipStorageReader:
     def read_storage(self, key: str, nbytes: int, dtype: torch.dtype) -> torch.UntypedStorage:
         name = f"data/{key}"
         if not self._reader.has_record(name):
-            raise pickle.UnpicklingError(f"storage record {name!r} is missing from the archive")
+            raise pickle.UnpicklingError(f"storage record {_quote(name)} is missing from the archive")
         # Check the size before reading, so a lying header cannot make us allocate a huge buffer.
         size = self._reader.get_record_size(name)
         if size != nbytes:
-            raise pickle.UnpicklingError(f"storage record {name!r} has {size} bytes, the pickle expects {nbytes}")
+            raise pickle.UnpicklingError(f"storage record {_quote(name)} has {size} bytes, the pickle expects {nbytes}")
         storage = self._reader.get_storage_from_record(name, nbytes, torch.UntypedStorage)
         untyped = storage._typed_storage()._untyped_storage
         if self._swap:  # written on a machine of the other byte order
@@ -248,11 +419,9 @@ def _unpickle(pickled: bytes, storage_reader: Any, path: str) -> Any:
     unpickler = _SafeUnpickler(io.BytesIO(pickled), storage_reader)
     try:
         return unpickler.load()
-    except RefusedGlobal as exc:
+    except Refused as exc:
         raise DumpError(
-            path,
-            f"refused to load: the pickle names global {exc.global_name}, which is not allowed in a rollout dump",
-            "nothing was executed; dumps may only hold plain data and tensors",
+            path, f"refused to load: {exc}", "nothing was executed; dumps may only hold plain data and tensors"
         ) from None
     except (EOFError, pickle.UnpicklingError) as exc:
         raise DumpError(path, f"corrupt pickle data: {exc or type(exc).__name__}", "the file may be truncated") from None
