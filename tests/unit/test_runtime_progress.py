@@ -29,3 +29,30 @@ def test_configmap_failure_is_logged_and_counted_not_raised(tmp_path, caplog):
     assert publisher.failures == 1
     assert "cannot patch ConfigMap ns/job-progress" in caplog.text
     assert json.loads((tmp_path / "progress.json").read_text())["completed"] == 1
+
+
+def _config(results_dir):
+    from forge_replay.api import parse_job
+    from forge_replay.api.runtime_config import RuntimeConfig
+    from tests.unit.spec_factory import debug_job
+
+    return RuntimeConfig(job=parse_job(debug_job()), results_dir=str(results_dir), progress_configmap=None)
+
+
+def test_the_result_is_recorded_on_top_of_the_last_progress(tmp_path):
+    ProgressPublisher(str(tmp_path)).publish(ProgressReport(completed=3, total=4, fallbacks=1))
+    from forge_replay.runtime.progress import record_result
+
+    record_result(_config(tmp_path), "Failed", "rollout 3: run/rollout_3.pt: missing")
+    report = ProgressReport.model_validate_json((tmp_path / "progress.json").read_text())
+    assert (report.completed, report.total, report.fallbacks) == (3, 4, 1)
+    assert report.result.phase == "Failed" and "rollout_3.pt" in report.result.message
+    assert report.result.finished_at.endswith("Z")
+
+
+def test_the_result_is_recorded_even_without_earlier_progress(tmp_path):
+    from forge_replay.runtime.progress import record_result
+
+    record_result(_config(tmp_path / "fresh"), "Succeeded")
+    report = ProgressReport.model_validate_json((tmp_path / "fresh" / "progress.json").read_text())
+    assert report.result.phase == "Succeeded" and report.completed == 0 and report.total >= 1

@@ -325,3 +325,56 @@ def test_verify_pod_notes_say_why_verification_is_stuck_or_what_it_printed() -> 
     assert verify_pod_note([failed], failed=True) == "rollout 3 missing"
     silent = {"metadata": {"name": "p"}, "status": {"containerStatuses": [{"state": {"terminated": {"exitCode": 137}}}]}}
     assert verify_pod_note([silent], failed=True) == "exit code 137 (Error), no output"
+
+
+@pytest.mark.parametrize(("deployment", "job_status", "kuberay_reason"), [
+    ("Failed", "RUNNING", "DeadlineExceeded"),
+    ("Failed", "FAILED", "AppFailed"),
+    ("Failed", "", "SubmissionFailed"),
+    ("Complete", "FAILED", "AppFailed"),
+])
+def test_kuberay_reason_reaches_the_condition_with_what_to_do(deployment, job_status, kuberay_reason):
+    observed = rayjob(deployment, job_status, reason=kuberay_reason, message="ray said so")
+    status = status_from(job(), observed, None, None, now=NOW)
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert status["phase"] == "Failed"
+    assert conditions["Stalled"]["reason"] == kuberay_reason
+    assert conditions["Ready"]["reason"] == kuberay_reason
+    assert "ray said so" in status["message"] and "What to do:" in status["message"]
+
+
+def test_a_failed_ray_job_is_failed_during_kuberays_grace_period():
+    status = status_from(job(), rayjob("Running", "FAILED"), None, None, now=NOW)
+    assert status["phase"] == "Failed"
+    assert {c["type"]: c for c in status["conditions"]}["Stalled"]["reason"] == "AppFailed"
+    assert status_from(job(), rayjob("Running", "RUNNING"), None, None, now=NOW)["phase"] == "Running"
+    assert status_from(job(), rayjob("Retrying", "FAILED"), None, None, now=NOW)["phase"] == "Launching"
+
+
+def _launched_running() -> dict:
+    return status_from(job(), rayjob("Running", "RUNNING", rayClusterName="c"), None, None, now=NOW)
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_rayjob_gone_before_the_end_was_seen_uses_the_runtimes_result(phase):
+    from forge_replay.api.progress import RunResult
+
+    progress = ProgressReport(completed=8, total=8, result=RunResult(phase=phase, message="m", finished_at="2026-11-29T12:03:00Z"))
+    status = status_from(job(_launched_running()), None, None, progress, now=LATER)
+    assert status["phase"] == phase
+    assert status["completionTime"] == "2026-11-29T12:03:00Z"
+    assert status["rollouts"] == {"completed": 8, "total": 8}
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["status"] == ("True" if phase == "Succeeded" else "False")
+
+
+def test_rayjob_gone_without_a_runtime_result_is_failed_rayjob_deleted():
+    status = status_from(job(_launched_running()), None, None, ProgressReport(completed=3, total=8), now=LATER)
+    assert status["phase"] == "Failed"
+    assert {c["type"]: c for c in status["conditions"]}["Stalled"]["reason"] == "RayJobDeleted"
+
+
+def test_status_results_names_the_runs_folder_on_the_claim():
+    status = status_from(job(results={"claimName": "forge-results"}), None, None, None, now=NOW)
+    assert status["results"] == {"claimName": "forge-results", "path": "ml/memtest/u1"}
+    assert status_from(job(), None, None, None, now=NOW)["results"] is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from forge_replay.api.models import MemoryPeak, _Model
@@ -14,6 +16,14 @@ def progress_configmap_name(job_name: str) -> str:
     return f"{job_name}-progress"
 
 
+class RunResult(_Model):
+    """How the run ended, as the runtime itself saw it (kept after the RayJob is gone)."""
+
+    phase: Literal["Succeeded", "Failed"] = Field(description="Succeeded or Failed.")
+    message: str = Field(default="", max_length=4000, description="Why it failed (the runtime's one line).")
+    finished_at: str | None = Field(default=None, description="When the run ended (RFC 3339).")
+
+
 class ProgressReport(_Model):
     """Rollouts done, the memory peak so far and fallbacks used (JSON under PROGRESS_KEY)."""
 
@@ -22,3 +32,4 @@ class ProgressReport(_Model):
     memory: MemoryPeak | None = Field(default=None, description="Highest memory peak so far.")
     fallbacks: int = Field(default=0, ge=0, description="Rollouts trained from rollout 0's file.")
     updated_at: str | None = Field(default=None, description="When this report was written (RFC 3339).")
+    result: RunResult | None = Field(default=None, description="Set once, when the run has ended.")

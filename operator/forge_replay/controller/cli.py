@@ -100,6 +100,8 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
               help="Seconds before the API server ends a watch and kopf reconnects (catches silent stalls).")
 @click.option("--runtime-uid", default=10001, show_default=True, type=int,
               help="Non-root UID/GID of the runtime pods.")
+@click.option("--ray-version", default=OperatorSettings.ray_version, show_default=True,
+              help="Ray version of the runtime image (the RayCluster's rayVersion).")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def operator(
     namespaces: tuple[str, ...],
@@ -110,6 +112,7 @@ def operator(
     resync_seconds: int,
     watch_server_timeout: int,
     runtime_uid: int,
+    ray_version: str,
     verbose: bool,
 ) -> None:
     """Run the ForgeReplayJob operator (one replica by design: see docs/operator.md)."""
@@ -122,6 +125,7 @@ def operator(
         watch_server_timeout=watch_server_timeout,
         watch_client_timeout=watch_server_timeout + 30,
         runtime_uid=runtime_uid,
+        ray_version=ray_version,
     )
     run_operator(settings, kubeconfig=kubeconfig, verbose=verbose)
 

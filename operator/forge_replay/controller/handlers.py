@@ -21,11 +21,15 @@ from forge_replay.api import GROUP, PLURAL, VERSION
 from forge_replay.controller import naming
 from forge_replay.controller.kube import KubeError
 from forge_replay.controller.reconcile import ReconcileConflict, Reconciler
-from forge_replay.controller.status import TERMINAL_PHASES
+from forge_replay.controller.status import PERMANENT_API_ERRORS, TERMINAL_PHASES
 
 log = logging.getLogger("forge_replay.controller")
 
 CHILD_LABELS = {naming.LABEL_MANAGED_BY: naming.MANAGED_BY, naming.LABEL_JOB: kopf.PRESENT}
+CHILD_SELECTOR = f"{naming.LABEL_MANAGED_BY}={naming.MANAGED_BY},{naming.LABEL_JOB}"
+"""The same filter, server-side: kopf's ``labels=`` filters in the client, after the API sent everything."""
+CHILD_RESOURCES = (("ray.io", "v1", "rayjobs"), ("batch", "v1", "jobs"), ("v1", "configmaps"))
+"""Every child kind the operator watches (one kopf.on.event handler each below)."""
 
 
 def _reconciler(memo: Any) -> Reconciler:
@@ -38,6 +42,8 @@ def _run(memo: Any, namespace: str, name: str, trigger: str) -> None:
     except ReconcileConflict as exc:
         raise kopf.TemporaryError(str(exc), delay=30) from exc
     except KubeError as exc:
+        if exc.status in PERMANENT_API_ERRORS:  # Stalled=True is in the status; the resync retries slowly
+            raise kopf.PermanentError(str(exc)) from exc
         if exc.status in (409, 429) or exc.status >= 500:
             raise kopf.TemporaryError(str(exc), delay=5) from exc
         raise
@@ -55,6 +61,8 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = ours.watch_server_timeout
     settings.watching.client_timeout = ours.watch_client_timeout
     settings.watching.connect_timeout = ours.connect_timeout
+    for resource in CHILD_RESOURCES:  # list and watch only our children, not every ConfigMap and Job
+        settings.watching.label_selectors[resource] = CHILD_SELECTOR
     settings.networking.request_timeout = 60
     settings.posting.level = logging.WARNING  # phase transitions are posted as events by the reconciler
     settings.execution.max_workers = ours.max_workers

@@ -29,11 +29,14 @@ from forge_replay.controller.kube import Kube, KubeError
 from forge_replay.controller.render import frozen_spec, render, spec_hash
 from forge_replay.controller.settings import OperatorSettings
 from forge_replay.controller.status import (
+    PERMANENT_API_ERRORS,
     Refusal,
     invalid_spec_message,
+    new_warning,
     phase_changed,
     rfc3339,
     same_status,
+    status_for_api_error,
     status_for_invalid_spec,
     status_from,
     verify_pod_note,
@@ -120,9 +123,23 @@ class Reconciler:
                 return self._reconcile(namespace, name)
         except Exception as exc:
             metrics.ERRORS.labels(error=type(exc).__name__).inc()
-            if isinstance(exc, (ReconcileConflict, KubeError)):
+            if isinstance(exc, KubeError) and exc.status in PERMANENT_API_ERRORS:
+                self._report_stalled(namespace, name, exc)
+            elif isinstance(exc, (ReconcileConflict, KubeError)):
                 self._report_error(namespace, name, exc)
             raise
+
+    def _report_stalled(self, namespace: str, name: str, exc: KubeError) -> None:
+        """A permanent API error: Stalled=True with the API's message and a Warning event (best effort)."""
+        try:
+            body = self.kube.get(API_VERSION, KIND, namespace, name)
+            if body is None:
+                return
+            previous = body.get("status") or {}
+            status = status_for_api_error(body["metadata"].get("generation"), exc.status, str(exc), previous)
+            self._write_status(body, previous, status)
+        except Exception as patch_error:  # the original error is what gets raised and logged
+            log.warning("could not report the API error on %s/%s: %s", namespace, name, patch_error)
 
     def _report_error(self, namespace: str, name: str, exc: Exception) -> None:
         """Put a failing reconcile's reason into status.message (best effort; it is retried)."""
@@ -201,7 +218,8 @@ class Reconciler:
         elif rayjob is not None:
             rayjob = self._propagate_suspend(job, rayjob)
 
-        progress = self._progress(namespace, name) if rayjob is not None else None
+        # After launch the progress ConfigMap also holds the runtime's own result (read when the RayJob is gone).
+        progress = self._progress(namespace, name) if rayjob is not None or launched_before else None
         status_job = job.model_copy(update={"status": _status_model(previous)})
         status = status_from(
             status_job, rayjob, verify_job, progress, verify_message=verify_message, refusal=refusal
@@ -265,10 +283,11 @@ class Reconciler:
         return verify_pod_note(pods, failed=state == "failed")
 
     def _propagate_suspend(self, job: ForgeReplayJob, rayjob: dict[str, Any]) -> dict[str, Any]:
-        """spec.suspend -> RayJob.spec.suspend. With a Kueue queue, Kueue owns resuming (it admits)."""
+        """spec.suspend -> RayJob.spec.suspend. With a Kueue queue Kueue owns suspend (it un-suspends what it
+        admits, and re-suspending would tear the Ray cluster down on every event): never touched."""
         wanted = job.spec.suspend
         current = bool((rayjob.get("spec") or {}).get("suspend"))
-        if wanted == current or (not wanted and job.spec.scheduling.queue_name):
+        if wanted == current or job.spec.scheduling.queue_name:
             return rayjob
         meta = rayjob["metadata"]
         return self.kube.merge_patch(
@@ -305,13 +324,16 @@ class Reconciler:
             return status
         self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": status}, status=True)
         if phase_changed(previous, status):
-            self._event(body, status)
+            phase = status["phase"]
+            self._event(body, phase, status.get("message") or phase, warning=phase == "Failed")
+        elif new_warning(previous, status):  # a refused change or an API error, once per cause and generation
+            stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
+            self._event(body, stalled["reason"], stalled["message"], warning=True)
         return status
 
-    def _event(self, body: dict[str, Any], status: dict[str, Any]) -> None:
-        """A Kubernetes event on the job for a phase transition (durable state is in the conditions)."""
+    def _event(self, body: dict[str, Any], reason: str, message: str, *, warning: bool) -> None:
+        """A Kubernetes event on the job: a phase transition, a refusal, an API error (conditions stay)."""
         meta = body["metadata"]
-        phase = status["phase"]
         now = rfc3339(datetime.now(timezone.utc))
         event = {
             "apiVersion": "v1",
@@ -324,9 +346,9 @@ class Reconciler:
                 "namespace": meta["namespace"],
                 "uid": meta.get("uid"),
             },
-            "reason": phase,
-            "message": (status.get("message") or phase)[:1024],
-            "type": "Warning" if phase == "Failed" else "Normal",
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
             "source": {"component": EVENT_SOURCE},
             "reportingComponent": EVENT_SOURCE,
             "reportingInstance": EVENT_SOURCE,
@@ -337,7 +359,7 @@ class Reconciler:
         try:
             self.kube.create(event)
         except Exception as exc:  # an event is a courtesy: the status was written already
-            log.warning("could not post event %s for %s/%s: %s", phase, meta["namespace"], meta["name"], exc)
+            log.warning("could not post event %s for %s/%s: %s", reason, meta["namespace"], meta["name"], exc)
 
 
 def parse_meta(body: dict[str, Any]):

@@ -140,6 +140,14 @@ def status_from(
         rj_status = rayjob.get("status") or {}
         if phase in TERMINAL_PHASES:
             completion = rj_status.get("endTime")
+    elif launched_before and progress is not None and progress.result is not None:
+        # The RayJob is gone (KubeRay's cleanup, a short TTL, operator downtime): the runtime's own record wins.
+        result = progress.result
+        phase = result.phase
+        reason = "Succeeded" if phase == "Succeeded" else "RuntimeFailed"
+        message = f"the runtime reported {phase.lower()}" + (f": {result.message}" if result.message else "")
+        cluster = _Cond("False", "JobFinished", "the Ray cluster was released after the job finished")
+        completion = result.finished_at
     elif launched_before and previous.get("phase") in TERMINAL_PHASES:
         # The RayJob is gone after the job finished (deleted, or cleaned up): the result stays.
         phase = previous["phase"]
@@ -148,8 +156,8 @@ def status_from(
     elif launched_before:
         phase, reason = "Failed", "RayJobDeleted"
         message = (
-            f"RayJob {previous['rayJobName']} was deleted outside forge-replay before the job finished; "
-            "delete and re-create the ForgeReplayJob to run it again"
+            f"RayJob {previous['rayJobName']} was deleted before the job finished and the runtime recorded no "
+            "result; delete and re-create the ForgeReplayJob to run it again"
         )
         cluster = _Cond("False", "RayJobDeleted", message)
     elif verify.state == "failed":
@@ -268,6 +276,60 @@ def status_for_invalid_spec(
     }
 
 
+PERMANENT_API_ERRORS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 422: "Invalid"}
+"""API answers a retry cannot fix (RBAC, a missing CRD, a webhook's refusal), by HTTP status -> reason."""
+
+API_ERROR_HINTS = {
+    403: "grant the operator's ServiceAccount what it lacks (the chart's RBAC, docs/operator.md \"API access\")",
+    404: "install what is missing (KubeRay's CRDs: helm install kuberay-operator, or kubectl apply --server-side)",
+    422: "an admission webhook or the API refused the object: fix what the message names",
+    400: "the API refused the request: fix what the message names",
+}
+
+
+def status_for_api_error(
+    generation: int | None, code: int, error: str, previous: dict[str, Any] | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """The previous status with Stalled=True: a permanent API error (``code``) stops the job until fixed.
+
+    The phase is kept (the children already made stay); Reconciling=False because nothing is retried
+    until the resync or a change, and the message says what to do.
+    """
+    now_text = rfc3339(now or datetime.now(timezone.utc))
+    previous = previous or {}
+    reason = PERMANENT_API_ERRORS.get(code, f"HTTP{code}")
+    message = f"{error}. What to do: {API_ERROR_HINTS.get(code, 'fix what the message names')}"
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    wanted = {
+        kind: _Cond(c.get("status", "Unknown"), c.get("reason", kind), c.get("message", ""))
+        for kind, c in before.items() if kind in CONDITION_TYPES
+    }
+    for kind in CONDITION_TYPES:
+        wanted.setdefault(kind, _Cond("Unknown", "APIError", message))
+    wanted["Stalled"] = _Cond("True", reason, message)
+    wanted["Reconciling"] = _Cond("False", reason, "stopped until the API error is fixed (retried every resync)")
+    wanted["Ready"] = _Cond("False", reason, message)
+    return {
+        "phase": previous.get("phase") or "Pending",
+        "observedGeneration": generation,
+        "conditions": _conditions(wanted, previous, generation, now_text),
+        "message": _tail(message),
+    }
+
+
+def new_warning(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """True when ``new`` stalls for a reason, message or generation it did not before (a refusal of each new
+    spec, an API error): one Warning event each time, not one per resync."""
+    def stalled(status: dict[str, Any] | None) -> tuple[str, str, int | None] | None:
+        cond = next((c for c in (status or {}).get("conditions") or [] if c.get("type") == "Stalled"), None)
+        if not cond or cond.get("status") != "True":
+            return None
+        return cond.get("reason", ""), cond.get("message", ""), cond.get("observedGeneration")
+
+    now_stalled = stalled(new)
+    return now_stalled is not None and now_stalled != stalled(old)
+
+
 def invalid_spec_message(problems: list[Problem]) -> str:
     """The problems as `forge-replay validate` prints them: ``path: message``, one a line."""
     return "\n".join(str(p) for p in problems)
@@ -299,19 +361,22 @@ def _from_rayjob(job: ForgeReplayJob, rayjob: dict[str, Any]) -> tuple[str, str,
     cluster_state = ((status.get("rayClusterStatus") or {}).get("state") or "").lower()
     finished = _Cond("False", "JobFinished", "the Ray cluster is released after the job finished")
 
+    kuberay_reason = status.get("reason") or ""
+    detail = f": {rj_message}" if rj_message else ""
     if deployment == "Complete":
         if job_status == "SUCCEEDED":
             return "Succeeded", "Succeeded", f"RayJob {name} succeeded", finished
-        detail = f": {rj_message}" if rj_message else ""
-        return (
-            "Failed",
-            f"RayJob{(job_status or 'Unknown').title()}",
-            f"RayJob {name} completed with jobStatus {job_status or 'unset'}{detail}",
-            finished,
-        )
+        reason = kuberay_reason or f"RayJob{(job_status or 'Unknown').title()}"
+        text = f"RayJob {name} completed with jobStatus {job_status or 'unset'}{detail}"
+        return "Failed", reason, _with_hint(text, reason), finished
     if deployment in ("Failed", "ValidationFailed"):
-        detail = f": {rj_message}" if rj_message else ""
-        return "Failed", f"RayJob{deployment}", f"RayJob {name} {deployment}{detail}", finished
+        reason = kuberay_reason or f"RayJob{deployment}"
+        return "Failed", reason, _with_hint(f"RayJob {name} {deployment}{detail}", reason), finished
+    if job_status in ("FAILED", "STOPPED") and deployment not in ("Retrying", "Suspending", "Suspended"):
+        # The Ray job ended; KubeRay keeps the deployment Running for a grace period before it says so.
+        reason = kuberay_reason or "AppFailed"
+        text = f"RayJob {name}: the Ray job is {job_status}{detail}"
+        return "Failed", reason, _with_hint(text, reason), finished
     if deployment in ("Suspending", "Suspended") or (suspended_spec and deployment in ("", "New")):
         queue = job.spec.scheduling.queue_name
         if queue and not job.spec.suspend:
@@ -339,6 +404,22 @@ def _from_rayjob(job: ForgeReplayJob, rayjob: dict[str, Any]) -> tuple[str, str,
     )
     label = deployment or "New"
     return "Launching", "Launching", f"RayJob {name} is {label.lower()}: waiting for its Ray cluster", cluster
+
+
+HINTS = {
+    "DeadlineExceeded": "the job ran past spec.activeDeadlineSeconds: raise it, or find what was slow in the Ray "
+    "head's logs (kubectl logs -l forgereplay.io/role=head)",
+    "AppFailed": "the runtime failed: its last lines are in the submitter's and the Ray head's logs "
+    "(kubectl logs -l forgereplay.io/role=submitter)",
+    "SubmissionFailed": "KubeRay could not submit the entrypoint to the Ray head: check the head pod's events and "
+    "logs, and that the runtime image matches spec.image",
+}
+
+
+def _with_hint(text: str, reason: str) -> str:
+    """A failure message with what the user should do next, when the reason says it."""
+    hint = HINTS.get(reason)
+    return f"{text}. What to do: {hint}" if hint else text
 
 
 def _verifying_message(name: str | None, note: str | None) -> str:

@@ -13,7 +13,7 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
+from forge_replay.api.progress import PROGRESS_KEY, ProgressReport, RunResult
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +75,17 @@ class ProgressPublisher:
             if self.namespace is None:
                 self.namespace = SERVICEACCOUNT_NAMESPACE.read_text().strip()
         self._core.patch_namespaced_config_map(self.configmap, self.namespace, {"data": {PROGRESS_KEY: text}})
+
+
+def record_result(config, phase: str, message: str = "") -> None:
+    """Publish how the run ended on top of its last progress report, so the operator can read the outcome
+    from the progress ConfigMap after KubeRay deleted the RayJob (never fatal, like every publish)."""
+    publisher = ProgressPublisher(config.results_dir, config.progress_configmap, config.job.metadata.namespace)
+    last = ProgressReport(total=config.job.spec.replay.num_rollouts)
+    if publisher.path is not None and publisher.path.exists():
+        try:
+            last = ProgressReport.model_validate_json(publisher.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            log.warning("cannot read the last progress from %s (the result is published alone): %s", publisher.path, exc)
+    result = RunResult(phase=phase, message=message[-4000:], finished_at=now_rfc3339())
+    publisher.publish(last.model_copy(update={"result": result, "updated_at": None}))

@@ -2,8 +2,9 @@
 --
 -- A ForgeReplayJob is a run-to-completion resource (like a batch Job): it is Healthy only once it
 -- has Succeeded, so an Argo CD sync (or a sync wave) that includes one waits for the replay to pass.
+--   Failed, or Stalled=True, or SpecValid=False -> Degraded (checked first: a change refused after the job
+--                                               succeeded is Degraded, as kstatus reads Stalled=True: Failed)
 --   Succeeded                                -> Healthy
---   Failed, or Stalled=True, or SpecValid=False -> Degraded
 --   Suspended                                -> Suspended
 --   Pending / Verifying / Launching / Running -> Progressing
 -- A status the operator wrote for an older generation of the spec says nothing about the current
@@ -63,17 +64,17 @@ local stalled = condition(status, "Stalled")
 local spec_valid = condition(status, "SpecValid")
 local phase = status.phase
 
-if phase == "Succeeded" then
-  hs.status = "Healthy"
-  hs.message = first_message(ready and ready.message, status.message, "Replay succeeded") .. progress(status)
-  return hs
-end
-
 if phase == "Failed" or (stalled ~= nil and stalled.status == "True") or
    (spec_valid ~= nil and spec_valid.status == "False") then
   hs.status = "Degraded"
   hs.message = first_message(stalled and stalled.message, spec_valid and spec_valid.status == "False" and spec_valid.message,
     ready and ready.message, status.message, "Replay failed")
+  return hs
+end
+
+if phase == "Succeeded" then
+  hs.status = "Healthy"
+  hs.message = first_message(ready and ready.message, status.message, "Replay succeeded") .. progress(status)
   return hs
 end
 
