@@ -302,3 +302,10 @@ def test_rayjob_names_its_ray_version_and_a_short_ttl_by_default() -> None:
     rayjob = render(parse_job(doc), OperatorSettings(ray_version="2.99.0"))[-1]
     assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == "2.99.0"
     assert rayjob["spec"]["ttlSecondsAfterFinished"] <= 300
+
+
+def test_active_deadline_reaches_the_rayjob_only_when_set() -> None:
+    doc = yaml.safe_load((GOLDEN / "debug-checkpoint.in.yaml").read_text())
+    assert "activeDeadlineSeconds" not in render(parse_job(doc), SETTINGS)[-1]["spec"]
+    doc["spec"]["activeDeadlineSeconds"] = 7200
+    assert render(parse_job(doc), SETTINGS)[-1]["spec"]["activeDeadlineSeconds"] == 7200

@@ -201,6 +201,8 @@ def crd() -> dict[str, Any]:
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+                         "description": "Why the job is not ready (or Succeeded)"},
                         {"name": "Mode", "type": "string", "jsonPath": ".spec.replay.mode"},
                         {"name": "Done", "type": "integer", "jsonPath": ".status.rollouts.completed",
                          "description": "Rollouts trained"},

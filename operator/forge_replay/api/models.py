@@ -777,6 +777,13 @@ class ForgeReplayJobSpec(_Model):
         description="Seconds a finished job's Ray cluster (its GPUs) is kept before KubeRay deletes it; results "
         "and logs outlive it on the results claim and in the status.",
     )
+    active_deadline_seconds: Int | None = Field(
+        default=None,
+        ge=1,
+        le=INT32_MAX,
+        description="Seconds the RayJob may run, launch included, before KubeRay fails it (reason "
+        "DeadlineExceeded) and releases its GPUs; unset: no limit.",
+    )
     results: ResultsSpec = Field(default_factory=ResultsSpec, description="Where reports are written.")
 
     @model_validator(mode="after")

@@ -207,6 +207,7 @@ def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
             "submissionMode": "K8sJobMode",
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
+            **({"activeDeadlineSeconds": spec.active_deadline_seconds} if spec.active_deadline_seconds else {}),
             # Kueue admits a queued RayJob by unsuspending it, so it must be created suspended.
             "suspend": spec.suspend or queued,
             "submitterPodTemplate": _submitter_template(job, settings),
