@@ -47,3 +47,16 @@ def test_render_unreadable_file_exits_2(tmp_path) -> None:
     result = CliRunner().invoke(render, [str(tmp_path / "missing.yaml")])
     assert result.exit_code == 2
     assert "missing.yaml" in result.output
+
+
+def test_render_of_the_two_examples_on_one_claim_shows_different_results_folders() -> None:
+    folders = {}
+    for name in ("debug-replay.yaml", "forge-memtest-h200.yaml"):
+        result = CliRunner().invoke(render, [str(REPO / "examples" / name), "--namespace", "team-a"])
+        assert result.exit_code == 0, result.output
+        docs = [d for d in yaml.safe_load_all(result.output) if d]
+        config = yaml.safe_load(docs[0]["data"]["config.yaml"])
+        assert config["job"]["spec"]["results"]["claimName"] == "forge-results"  # one claim for both
+        folders[name] = config["resultsDir"]
+    assert len(set(folders.values())) == 2, folders
+    assert all(f.startswith("/mnt/forge-replay/results/team-a/") for f in folders.values())
