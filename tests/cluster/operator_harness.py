@@ -198,7 +198,7 @@ def chart_operator_rules() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
     objects = render_chart({"watchNamespaces": ["rules"]})
     (role,) = find(objects, "Role")
-    (discovery,) = find(objects, "ClusterRole")
+    (discovery,) = [o for o in find(objects, "ClusterRole") if o["metadata"]["name"].endswith("-discovery")]
     return role["rules"], discovery["rules"]
 
 

@@ -221,13 +221,21 @@ def test_image_digest_wins_over_tag() -> None:
 # ----------------------------------------------------------------------------------------- RBAC
 
 
+USER_ROLES = {"forgereplayjob-editor", "forgereplayjob-viewer"}
+
+
+def operator_roles(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The operator's own (Cluster)Roles: everything but the user-facing aggregated roles."""
+    return [o for o in find(objects, kind) if o["metadata"]["name"] not in USER_ROLES]
+
+
 def _rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [rule for role in find(objects, kind) for rule in role["rules"]]
+    return [rule for role in operator_roles(objects, kind) for rule in role["rules"]]
 
 
 def test_cluster_mode_rbac_is_least_privilege() -> None:
     objects = render_chart()
-    roles = {o["metadata"]["name"]: o for o in find(objects, "ClusterRole")}
+    roles = {o["metadata"]["name"]: o for o in operator_roles(objects, "ClusterRole")}
     assert set(roles) == {f"{RELEASE}-forge-replay-operator", f"{RELEASE}-forge-replay-operator-discovery"}
     assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
     service_account = only(objects, "ServiceAccount")["metadata"]
@@ -259,14 +267,14 @@ def test_namespaced_mode_grants_the_same_rules_only_in_watched_namespaces() -> N
     assert sorted((b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in bindings) == [
         ("team-a", "Role"), ("team-b", "Role")]
     # Cluster-wide only the discovery role remains: CRD names, and namespace names for kopf's namespace watch.
-    (cluster_role,) = find(objects, "ClusterRole")
+    (cluster_role,) = operator_roles(objects, "ClusterRole")
     assert cluster_role["metadata"]["name"].endswith("-discovery")
     assert {(r["apiGroups"][0], r["resources"][0]) for r in cluster_role["rules"]} == {
         ("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
     assert all(r["verbs"] == ["list", "watch"] for r in cluster_role["rules"])
 
     strict = render_chart({"watchNamespaces": ["team-a"], "rbac": {"create": True, "discovery": False}})
-    assert find(strict, "ClusterRole") == [] and find(strict, "ClusterRoleBinding") == []
+    assert operator_roles(strict, "ClusterRole") == [] and find(strict, "ClusterRoleBinding") == []
 
 
 def _operator_md_namespaced_grants() -> set[tuple[str, str, str]]:
@@ -349,3 +357,20 @@ def test_schema_is_strict_everywhere() -> None:
     walk(schema, "")
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(defaults) == set(schema["properties"]), "values.yaml and values.schema.json list different keys"
+
+
+def test_user_roles_aggregate_into_edit_admin_and_view_and_grant_nothing_else() -> None:
+    roles = {o["metadata"]["name"]: o for o in find(render_chart(), "ClusterRole")}
+    editor, viewer = roles["forgereplayjob-editor"], roles["forgereplayjob-viewer"]
+    assert {k for k, v in editor["metadata"]["labels"].items() if v == "true" and "aggregate-to" in k} == {
+        "rbac.authorization.k8s.io/aggregate-to-edit", "rbac.authorization.k8s.io/aggregate-to-admin"}
+    assert viewer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    for role, verbs in ((editor, None), (viewer, {"get", "list", "watch"})):
+        for rule in role["rules"]:
+            assert rule["apiGroups"] == ["forgereplay.io"], rule
+            assert set(rule["resources"]) <= {"forgereplayjobs", "forgereplayjobs/status"}, rule
+            if verbs is not None:
+                assert set(rule["verbs"]) == verbs
+    assert not any(b["roleRef"]["name"] in roles.keys() & USER_ROLES for b in find(render_chart(), "ClusterRoleBinding"))
+    assert not USER_ROLES & {o["metadata"]["name"] for o in find(render_chart({"rbac": {
+        "create": True, "discovery": True, "userRoles": False}}), "ClusterRole")}
