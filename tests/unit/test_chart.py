@@ -140,7 +140,7 @@ def test_deployment_defaults_are_hardened_single_replica() -> None:
 
     deployment = only(render_chart(), "Deployment")
     spec, pod = deployment["spec"], deployment["spec"]["template"]["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "RollingUpdate"}  # the Lease makes it safe
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert isinstance(pod["securityContext"]["runAsUser"], int) and pod["securityContext"]["runAsUser"] > 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -225,8 +225,9 @@ USER_ROLES = {"forgereplayjob-editor", "forgereplayjob-viewer"}
 
 
 def operator_roles(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    """The operator's own (Cluster)Roles: everything but the user-facing aggregated roles."""
-    return [o for o in find(objects, kind) if o["metadata"]["name"] not in USER_ROLES]
+    """The operator's rules on jobs and children: not the user-facing aggregated roles, not the leader Lease."""
+    return [o for o in find(objects, kind)
+            if o["metadata"]["name"] not in USER_ROLES and not o["metadata"]["name"].endswith("-leader")]
 
 
 def _rules(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -237,7 +238,7 @@ def test_cluster_mode_rbac_is_least_privilege() -> None:
     objects = render_chart()
     roles = {o["metadata"]["name"]: o for o in operator_roles(objects, "ClusterRole")}
     assert set(roles) == {f"{RELEASE}-forge-replay-operator", f"{RELEASE}-forge-replay-operator-discovery"}
-    assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
+    assert operator_roles(objects, "Role") == [] and operator_roles(objects, "RoleBinding") == []
     service_account = only(objects, "ServiceAccount")["metadata"]
     for binding in find(objects, "ClusterRoleBinding"):
         assert binding["roleRef"]["name"] in roles
@@ -260,10 +261,10 @@ def test_namespaced_mode_grants_the_same_rules_only_in_watched_namespaces() -> N
                          if not o["metadata"]["name"].endswith("-discovery"))["rules"]
     assert cluster_rules
     objects = render_chart({"watchNamespaces": ["team-a", "team-b"]})
-    roles = find(objects, "Role")
+    roles = operator_roles(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert all(r["rules"] == cluster_rules for r in roles)
-    bindings = find(objects, "RoleBinding")
+    bindings = operator_roles(objects, "RoleBinding")
     assert sorted((b["metadata"]["namespace"], b["roleRef"]["kind"]) for b in bindings) == [
         ("team-a", "Role"), ("team-b", "Role")]
     # Cluster-wide only the discovery role remains: CRD names, and namespace names for kopf's namespace watch.
@@ -301,7 +302,7 @@ def test_chart_grants_exactly_what_the_operator_docs_list() -> None:
     """The chart is the one source of the operator's rules (the cluster tests rerun every operator scenario
     under exactly them, rendered); docs/operator.md's table must say the same, no more and no less."""
     documented = _operator_md_namespaced_grants()
-    (role,) = find(render_chart({"watchNamespaces": ["a"]}), "Role")
+    (role,) = operator_roles(render_chart({"watchNamespaces": ["a"]}), "Role")
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert granted == documented, (f"granted but not in docs/operator.md: {sorted(granted - documented)}; "
@@ -317,7 +318,7 @@ def test_rbac_can_be_left_to_the_cluster_admin() -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+    ({"replicas": 0}, "/replicas"),
     ({"runAsUser": 0}, "/runAsUser"),
     ({"runtimeUid": 0}, "/runtimeUid"),
     ({"image": {"repository": "r/op", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
@@ -374,3 +375,29 @@ def test_user_roles_aggregate_into_edit_admin_and_view_and_grant_nothing_else() 
     assert not any(b["roleRef"]["name"] in roles.keys() & USER_ROLES for b in find(render_chart(), "ClusterRoleBinding"))
     assert not USER_ROLES & {o["metadata"]["name"] for o in find(render_chart({"rbac": {
         "create": True, "discovery": True, "userRoles": False}}), "ClusterRole")}
+
+
+def test_leader_election_lease_rules_and_replicas() -> None:
+    objects = render_chart({"replicas": 2})
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert f"--leader-election-namespace={RELEASE_NAMESPACE}" in container["args"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    (lease_role,) = [r for r in find(objects, "Role") if r["metadata"]["name"].endswith("-leader")]
+    assert lease_role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["forge-replay-operator"],
+         "verbs": ["get", "update"]}]
+    from forge_replay.controller.settings import OperatorSettings
+
+    assert OperatorSettings().leader_election_name == "forge-replay-operator"  # the name the Role allows
+    single = render_chart({"leaderElection": {"enabled": False}})
+    assert only(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert not [r for r in find(single, "Role") if r["metadata"]["name"].endswith("-leader")]
+
+
+def test_more_than_one_replica_needs_leader_election() -> None:
+    stderr = render_error({"replicas": 2, "leaderElection": {"enabled": False}})
+    assert "replicas > 1 needs leaderElection.enabled" in stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from typing import Any
 
 import click
@@ -102,6 +103,8 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
               help="Non-root UID/GID of the runtime pods.")
 @click.option("--ray-version", default=OperatorSettings.ray_version, show_default=True,
               help="Ray version of the runtime image (the RayCluster's rayVersion).")
+@click.option("--leader-election-namespace", default=None,
+              help="Take the Lease forge-replay-operator in this namespace before acting (two replicas are safe).")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def operator(
     namespaces: tuple[str, ...],
@@ -113,6 +116,7 @@ def operator(
     watch_server_timeout: int,
     runtime_uid: int,
     ray_version: str,
+    leader_election_namespace: str | None,
     verbose: bool,
 ) -> None:
     """Run the ForgeReplayJob operator (one replica by design: see docs/operator.md)."""
@@ -126,6 +130,7 @@ def operator(
         watch_client_timeout=watch_server_timeout + 30,
         runtime_uid=runtime_uid,
         ray_version=ray_version,
+        leader_election_namespace=leader_election_namespace or None,
     )
     run_operator(settings, kubeconfig=kubeconfig, verbose=verbose)
 
@@ -149,13 +154,63 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
     reconciler = Reconciler(kube, settings)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
+    stop_flag = threading.Event()
+    if settings.leader_election_namespace:
+        _lead(kube, settings, stop_flag)
     kopf.run(
-        standalone=True,  # one replica by design: no peering objects, no leader election
+        standalone=True,  # no kopf peering: the Lease (when configured) decides who acts
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         liveness_endpoint=settings.liveness_endpoint,
         memo=kopf.Memo(settings=settings, reconciler=reconciler),
+        stop_flag=stop_flag,
     )
+    if stop_flag.is_set() and settings.leader_election_namespace:
+        raise SystemExit("lost the leader Lease: exiting so that a fresh process queues for it")
+
+
+def _lead(kube, settings: OperatorSettings, stop_flag: threading.Event) -> None:
+    """Block until this replica holds the Lease; then keep it, and stop kopf if it is lost."""
+    import os
+    import socket
+
+    from forge_replay.controller.leader import LeaderElector
+
+    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+    elector = LeaderElector(
+        kube, settings.leader_election_namespace, settings.leader_election_name, identity,
+        lease_seconds=settings.lease_seconds, renew_seconds=settings.lease_seconds / 3, on_lost=stop_flag.set,
+    )
+    standby = _standby_liveness(settings.liveness_endpoint)  # a waiting replica is alive, not stuck
+    try:
+        elector.acquire()
+    finally:
+        if standby is not None:
+            standby.shutdown()
+            standby.server_close()
+    elector.keep()
+
+
+def _standby_liveness(endpoint: str | None):
+    """Answer 200 on the liveness endpoint while waiting for the Lease (kopf serves it once it runs)."""
+    if not endpoint:
+        return None
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlsplit
+
+    class Alive(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"standby: waiting for the leader Lease")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    where = urlsplit(endpoint)
+    server = ThreadingHTTPServer((where.hostname or "0.0.0.0", where.port or 80), Alive)
+    threading.Thread(target=server.serve_forever, name="forge-replay-standby-liveness", daemon=True).start()
+    return server
 
 
 def _login_with(kubeconfig: str) -> None:

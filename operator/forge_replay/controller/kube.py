@@ -26,6 +26,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     ("batch/v1", "Job"): ("/apis/batch/v1", "jobs"),
     ("ray.io/v1", "RayJob"): ("/apis/ray.io/v1", "rayjobs"),
+    ("coordination.k8s.io/v1", "Lease"): ("/apis/coordination.k8s.io/v1", "leases"),
     (API_VERSION, "ForgeReplayJob"): (f"/apis/{API_VERSION}", PLURAL),
 }
 
@@ -124,6 +125,14 @@ class Kube:
             if existing is not None:
                 return existing, False
         return self._check(response, f"create {kind} {namespace}/{name}"), True
+
+    def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT ``obj`` (with its metadata.resourceVersion: a concurrent change answers 409)."""
+        meta = obj["metadata"]
+        api_version, kind, namespace, name = obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
+        url = self._url(api_version, kind, namespace, name)
+        response = self._request("update", "PUT", RESOURCES[(api_version, kind)][1], url, json=obj)
+        return self._check(response, f"update {kind} {namespace}/{name}")
 
     def merge_patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any], *, status: bool = False

@@ -60,6 +60,12 @@ class OperatorSettings:
     """Every so often unfinished jobs are reconciled even without an event (0 turns this off)."""
     """Threads running the (synchronous) reconcile function."""
 
+    leader_election_namespace: str | None = None
+    """Namespace of the Lease ``leader_election_name``: when set, only the replica holding it acts."""
+    leader_election_name: str = "forge-replay-operator"
+    lease_seconds: int = 15
+    """A leader that has not renewed for this long is replaced (renewed every third of it)."""
+
     extra_labels: dict[str, str] = field(default_factory=dict)
     """Labels added to every child object (e.g. a team or cost-centre label)."""
 
