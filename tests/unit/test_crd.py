@@ -9,7 +9,8 @@ import yaml
 from forge_replay.api.crd import CRD_FILE, crd, crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-ALLOWED_FREE_FORM = {"spec.model.config", "spec.rollout.engineArgs"}
+ALLOWED_FREE_FORM = {"spec.model.config", "spec.rollout.engineArgs", "spec.scheduling.affinity",
+                     "spec.scheduling.topologySpreadConstraints[]"}
 
 
 def walk(node, path=""):

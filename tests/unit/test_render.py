@@ -95,7 +95,11 @@ def test_forge_rayjob_shape() -> None:
         assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert pod["priorityClassName"] == "gpu-batch"
         assert pod["automountServiceAccountToken"] is False
-    assert "nodeSelector" not in head and "priorityClassName" not in head
+        assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    # the head (no GPU) lands anywhere, but shares the GPU pods' priority: preempting it ends the Ray cluster
+    assert "nodeSelector" not in head and "affinity" not in head and "topologySpreadConstraints" not in head
+    assert head["priorityClassName"] == "gpu-batch"
     assert head["serviceAccountName"] == "qwen3-8b-64k-memtest-runtime"
     for pod in (head, trainer["template"]["spec"], rollout["template"]["spec"]):
         assert pod["securityContext"]["runAsNonRoot"] is True

@@ -33,7 +33,10 @@ CRD_FILE = f"crds/{CRD_NAME}.yaml"
 HEADER = "# Generated from the pydantic models by `forge-replay crd`; do not edit by hand.\n"
 
 # Free-form maps: their contents are the user's (HF config, sglang flags), not ours to prune.
-_FREE_FORM = {("model", "config"), ("rollout", "engineArgs")}
+_FREE_FORM = {("model", "config"), ("rollout", "engineArgs"), ("scheduling", "affinity"),
+              ("topologySpreadConstraints", "[]")}
+# Kubernetes' own types (Affinity, TopologySpreadConstraint) are passed through to the Ray pod templates,
+# where KubeRay's CRD schema and the API server check them.
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:

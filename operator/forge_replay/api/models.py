@@ -370,7 +370,17 @@ class SchedulingSpec(_Model):
         default_factory=dict, description="Node labels for the GPU pods (e.g. nvidia.com/gpu.product: NVIDIA-H200)."
     )
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations for the GPU pods.")
-    priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the GPU pods.")
+    priority_class_name: str = Field(
+        default="", max_length=253, description="PriorityClass of the Ray pods (head and workers)."
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes Affinity (nodeAffinity, podAffinity, podAntiAffinity) for the GPU pods.",
+    )
+    topology_spread_constraints: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Kubernetes TopologySpreadConstraints for the GPU pods (e.g. spread engines across racks).",
+    )
     queue_name: str = Field(
         default="",
         max_length=63,

@@ -7,6 +7,7 @@ created only once the verify Job (when ``replay.verify``) has succeeded.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any
@@ -368,8 +369,12 @@ def _pod_template(
             spec["tolerations"] = [
                 t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in scheduling.tolerations
             ]
-        if scheduling.priority_class_name:
-            spec["priorityClassName"] = scheduling.priority_class_name
+        if scheduling.affinity:  # copies: each pod template owns its dicts (no YAML anchors, no aliasing)
+            spec["affinity"] = copy.deepcopy(scheduling.affinity)
+        if scheduling.topology_spread_constraints:
+            spec["topologySpreadConstraints"] = copy.deepcopy(scheduling.topology_spread_constraints)
+    if scheduling.priority_class_name:  # head too: a preempted head takes the whole Ray cluster with it
+        spec["priorityClassName"] = scheduling.priority_class_name
     return {"metadata": _pod_metadata(job, settings, role), "spec": spec}
 
 
