@@ -94,7 +94,7 @@ def _rebuild_storage_filename(cls, manager, handle, size, dtype=None):
     _expect(handle, bytes, "shared-memory handle")
     _expect(size, int, "storage size")
     # The mapping holds its own reference to the file; torch's rebuild would also drop one the sender handed
-    # over, which ours does not (forge_replay.runtime.ipc_tensors keeps the tensors alive instead).
+    # over, which ours does not (forge_replay.runtime.weights.ipc keeps the tensors alive instead).
     return torch.UntypedStorage._new_shared_filename_cpu(manager, handle, size)
 
 

@@ -14,19 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge_replay.runtime.engines import (
-    EngineActor,
+from forge_replay.runtime.engines.actor import EngineActor
+from forge_replay.runtime.engines.eval_fleet import EvalFleet, EvalFleetUnhealthy
+from forge_replay.runtime.engines.health import HealthMonitor
+from forge_replay.runtime.engines.http import engine_call
+from forge_replay.runtime.engines.process import (
     EngineProcess,
     EngineStartError,
     ModelSource,
     build_engine_argv,
-    engine_call,
     free_port,
     probe_health,
 )
-from forge_replay.runtime.eval_fleet import EvalFleet, EvalFleetUnhealthy
-from forge_replay.runtime.health import HealthMonitor
-from forge_replay.runtime.weight_sync import WeightSyncError, push_weights_from_disk, write_versioned_checkpoint
+from forge_replay.runtime.weights.calls import WeightSyncError
+from forge_replay.runtime.weights.disk import push_weights_from_disk, write_versioned_checkpoint
 from tests.integration.processes import pid_alive
 
 DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
@@ -235,7 +236,7 @@ def test_a_failure_is_counted_only_once_the_engine_is_stopped(engine):
 def test_a_server_without_health_generate_is_probed_on_health(tmp_path):
     """A stand-in that only has /health is still started and monitored (sglang has both); one without either
     is never healthy, and the error names both endpoints."""
-    from forge_replay.runtime.engines import probe_health
+    from forge_replay.runtime.engines.process import probe_health
 
     process, port = start_double(tmp_path, "--missing-endpoint", "/health_generate")
     try:

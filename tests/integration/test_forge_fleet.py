@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from forge_replay.api import parse_job
-from forge_replay.runtime.eval_fleet import EvalFleetUnhealthy
-from forge_replay.runtime.faults import FAULTS_ENV
-from forge_replay.runtime.fleet import EngineDead, EngineFleet
+from forge_replay.runtime.engines.eval_fleet import EvalFleetUnhealthy
+from forge_replay.runtime.engines.faults import FAULTS_ENV
+from forge_replay.runtime.engines.fleet import EngineDead, EngineFleet
+from forge_replay.runtime.engines.http import engine_call
 from forge_replay.runtime.gating import plan_rollout_side
-from forge_replay.runtime.engines import engine_call
 from tests.integration.processes import pid_alive
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]

@@ -10,10 +10,15 @@ import pytest
 
 pytest.importorskip("sglang_router", reason="sglang_router (pip sglang-router) is not installed")
 
-from forge_replay.runtime.engines import (  # noqa: E402
-    EngineProcess, ModelSource, build_engine_argv, engine_call, free_port, probe_health,
+from forge_replay.runtime.engines.http import engine_call  # noqa: E402
+from forge_replay.runtime.engines.process import (  # noqa: E402
+    EngineProcess,
+    ModelSource,
+    build_engine_argv,
+    free_port,
+    probe_health,
 )
-from forge_replay.runtime.router import Router  # noqa: E402
+from forge_replay.runtime.engines.router import Router  # noqa: E402
 
 DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
 
@@ -53,7 +58,7 @@ def test_fleet_runs_the_router_and_re_registers_an_engine_whose_actor_died(tmp_p
     import ray
     import torch
 
-    from forge_replay.runtime.fleet import EngineFleet, FleetSettings
+    from forge_replay.runtime.engines.fleet import EngineFleet, FleetSettings
     from forge_replay.runtime.gating import plan_rollout_side
 
     settings = FleetSettings(num_engines=2, gpus_per_engine=1, colocate=False, use_gpus=False,

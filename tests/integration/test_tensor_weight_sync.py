@@ -18,9 +18,11 @@ import pytest
 import torch
 import yaml
 
-from forge_replay.runtime.engines import engine_call, free_port
-from forge_replay.runtime.ipc_tensors import EngineFeed, serialize_named_tensors, update_request_body
-from forge_replay.runtime.weight_sync import WeightSyncError, post_weight_request
+from forge_replay.runtime.engines.http import engine_call
+from forge_replay.runtime.engines.process import free_port
+from forge_replay.runtime.weights.calls import WeightSyncError, post_weight_request
+from forge_replay.runtime.weights.ipc import serialize_named_tensors, update_request_body
+from forge_replay.runtime.weights.tensor import EngineFeed
 
 DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
 TINY_LLAMA = {
@@ -121,7 +123,7 @@ def test_the_double_refuses_a_malicious_entry_a_wrong_count_and_a_released_memor
 def cpu_trainer(local_ray):
     """Two CPU trainer ranks (gloo, FSDP2) holding a tiny Llama."""
     from forge_replay.runtime.placement import place_trainer
-    from forge_replay.runtime.trainer import TrainerGroup, TrainerSettings
+    from forge_replay.runtime.trainer.rank import TrainerGroup, TrainerSettings
 
     settings = TrainerSettings(world_size=2, gpus_per_node=0, nodes=2, micro_batch_tokens=1024,
                                gradient_checkpointing=False, dtype="float32", learning_rate=1e-3, clip_eps=0.2,
@@ -145,7 +147,7 @@ def test_trainer_ranks_push_every_bucket_to_the_engines_they_feed(cpu_trainer, s
     the engine's first rank, the version and the cache flush riding on the last bucket only."""
     import ray
 
-    from forge_replay.runtime.weight_transfer import plan_buckets
+    from forge_replay.runtime.weights.distributed import plan_buckets
 
     (url_a, log_a), (url_b, log_b) = start_double(tp_size=2), start_double(tp_size=1)
     metas = cpu_trainer.weight_metadata()
@@ -177,7 +179,7 @@ def test_trainer_ranks_push_every_bucket_to_the_engines_they_feed(cpu_trainer, s
 def test_an_engine_that_refuses_fails_every_rank_with_its_address(cpu_trainer, start_double):
     import ray
 
-    from forge_replay.runtime.weight_transfer import plan_buckets
+    from forge_replay.runtime.weights.distributed import plan_buckets
 
     url_ok, _ = start_double(tp_size=1)
     url_bad, _ = start_double(1, "--missing-endpoint", "/update_weights_from_tensor")

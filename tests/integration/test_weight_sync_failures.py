@@ -166,9 +166,9 @@ def test_trainer_rank_0_cannot_form_the_group_on_a_taken_port_says_where(tmp_pat
     with the address, not after the group timeout."""
     import socket
 
-    from forge_replay.runtime.trainer import TrainerRank
-    from forge_replay.runtime.weight_sync import WeightSyncError
-    from forge_replay.runtime.weight_transfer import plan_weight_group
+    from forge_replay.runtime.trainer.rank import TrainerRank
+    from forge_replay.runtime.weights.calls import WeightSyncError
+    from forge_replay.runtime.weights.distributed import plan_weight_group
 
     with socket.socket() as taken:
         taken.bind(("", 0))
@@ -184,7 +184,12 @@ def test_trainer_rank_0_cannot_form_the_group_on_a_taken_port_says_where(tmp_pat
 
 
 def test_bucket_plan_keeps_order_and_sends_a_parameter_larger_than_a_bucket_alone(monkeypatch):
-    from forge_replay.runtime.weight_transfer import BUCKET_BYTES_ENV, ParamMeta, bucket_bytes_from_env, plan_buckets
+    from forge_replay.runtime.weights.distributed import (
+        BUCKET_BYTES_ENV,
+        ParamMeta,
+        bucket_bytes_from_env,
+        plan_buckets,
+    )
 
     metas = [ParamMeta(name, (n,), "float32", 4 * n) for name, n in [("a", 2), ("b", 2), ("big", 100), ("c", 4)]]
     assert [[p.name for p in b] for b in plan_buckets(metas, bucket_bytes=16)] == [["a", "b"], ["big"], ["c"]]

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from forge_replay.runtime import engines
-from forge_replay.runtime.engines import (
+from forge_replay.api.engine_args import engine_args_problems
+from forge_replay.runtime.engines.faults import Fault, FaultInjector, parse_faults
+from forge_replay.runtime.engines.process import (
     EngineUnavailable,
     ModelSource,
     build_engine_argv,
-    engine_args_problems,
     engine_count,
     prepare_model_source,
     resolve_engine_command,
 )
-from forge_replay.runtime.faults import Fault, FaultInjector, parse_faults
-from forge_replay.runtime.router import build_router_argv, plan_router
+from forge_replay.runtime.engines.router import build_router_argv, plan_router
 
 DUMMY = ModelSource("/scratch/engine-model", "dummy", from_config=True)
 
@@ -74,7 +74,7 @@ def test_engine_command_replaces_sglang_and_is_split_like_a_shell():
 
 
 def test_without_engine_command_sglang_is_used_or_forge_mode_fails_fast():
-    if engines.importlib.util.find_spec("sglang") is not None:
+    if importlib.util.find_spec("sglang") is not None:
         assert resolve_engine_command(None) == [sys.executable, "-m", "sglang.launch_server"]
         return
     with pytest.raises(EngineUnavailable, match="sglang is not installed.*--engine-command"):
@@ -137,7 +137,7 @@ def test_router_only_in_front_of_several_sglang_engines():
 
 
 def test_nvidia_smi_lines_are_summed_for_our_processes_only():
-    from forge_replay.runtime.engines import sum_csv_mib
+    from forge_replay.runtime.engines.actor import sum_csv_mib
 
     csv = "101, 2048\n202, 1024\n303, 512\n"
     assert sum_csv_mib(csv, {101, 303}) == 2560.0
@@ -146,7 +146,7 @@ def test_nvidia_smi_lines_are_summed_for_our_processes_only():
 
 
 def test_an_engine_on_another_node_writes_the_config_model_itself(tmp_path):
-    from forge_replay.runtime.engines import EngineActor
+    from forge_replay.runtime.engines.actor import EngineActor
 
     remote_view = ModelSource("/not/on/this/node/engine-model", "dummy", from_config=True, config={"hidden_size": 8})
     actor = EngineActor(0, ["srv"], remote_view, 1, {}, str(tmp_path / "logs"))
@@ -160,7 +160,8 @@ def test_an_engine_on_another_node_writes_the_config_model_itself(tmp_path):
 
 
 def test_staged_checkpoints_keep_only_the_newest_version_and_stay_inside_their_root(tmp_path):
-    from forge_replay.runtime.weight_sync import WeightSyncError, read_checkpoint_files, stage_checkpoint
+    from forge_replay.runtime.weights.calls import WeightSyncError
+    from forge_replay.runtime.weights.disk import read_checkpoint_files, stage_checkpoint
 
     source = tmp_path / "src"
     (source / "sub").mkdir(parents=True)

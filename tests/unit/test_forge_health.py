@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from forge_replay.runtime.health import HealthMonitor
+from forge_replay.runtime.engines.health import HealthMonitor
 
 
 class Probes:

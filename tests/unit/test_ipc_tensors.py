@@ -19,18 +19,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge_replay.runtime.ipc_tensors import (
+from forge_replay.runtime.weights.ipc import (
+    TensorSyncError,
+    serialize_named_tensors,
+    update_request_body,
+    with_device_uuid,
+)
+from forge_replay.runtime.weights.tensor import (
     EngineFeed,
     EngineGPUs,
     RankGPU,
-    TensorSyncError,
     engine_feeders,
     in_tp_order,
     plan_feeds,
-    serialize_named_tensors,
     tp_roles,
-    update_request_body,
-    with_device_uuid,
 )
 from tests.doubles.tensor_payload import (
     RefusedPayload,
@@ -309,7 +311,7 @@ def test_feeds_roles_and_tp_order_for_the_push():
 SENDER = textwrap.dedent(
     """
     import sys, torch
-    from forge_replay.runtime.ipc_tensors import device_uuid, serialize_named_tensors
+    from forge_replay.runtime.weights.ipc import device_uuid, serialize_named_tensors
     gen = torch.Generator().manual_seed(11)
     named = [("a", torch.randn(64, 32, generator=gen).to(torch.bfloat16).cuda()),
              ("b", torch.randn(32, 16, generator=gen).cuda().t())]

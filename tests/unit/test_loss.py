@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from forge_replay.runtime.loss import micro_batch_loss, per_token_policy_loss, token_log_probs
+from forge_replay.runtime.trainer.loss import micro_batch_loss, per_token_policy_loss, token_log_probs
 
 
 def test_per_token_loss_matches_hand_computed_values():

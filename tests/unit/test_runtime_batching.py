@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from forge_replay.runtime.batching import (
+from forge_replay.runtime.trainer.batching import (
     BatchError,
     assign_to_ranks,
     build_micro_batch,
@@ -95,8 +95,8 @@ def test_token_ids_outside_the_vocabulary_are_named():
 
 
 def test_a_packed_sequence_scores_each_sample_as_if_alone():
-    from forge_replay.runtime.loss import token_log_probs
-    from forge_replay.runtime.model import build_model
+    from forge_replay.runtime.trainer.loss import token_log_probs
+    from forge_replay.runtime.trainer.model import build_model
 
     model = build_model(
         {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forge_replay.runtime.memory import MemoryProbe
+from forge_replay.runtime.trainer.memory import MemoryProbe
 
 
 def test_each_step_reports_its_own_peak_rss():

@@ -160,7 +160,7 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     from forge_replay.runtime.driver import (
         ALREADY_CONNECTED, ReplayRunError, connect_ray, local_cpus_needed, preflight, run_job,
     )
-    from forge_replay.runtime.trainer import trainer_settings
+    from forge_replay.runtime.trainer.rank import trainer_settings
 
     config = RuntimeConfig(job=job, dumps_root=os.path.abspath(dumps_root), results_dir=os.path.abspath(results_dir),
                            model_root=os.path.abspath(model_root) if model_root else None,

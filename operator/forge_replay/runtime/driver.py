@@ -68,8 +68,8 @@ def preflight(config) -> Prepared:
 
     Raises :class:`ReplayRunError`; the CLI runs this before it starts Ray, so bad input fails fast.
     """
-    from forge_replay.runtime.model import ModelError, model_source, vocab_size_of
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
+    from forge_replay.runtime.trainer.model import ModelError, model_source, vocab_size_of
 
     spec = config.job.spec
     ft = spec.fault_tolerance
@@ -105,9 +105,9 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
     from forge_replay.runtime.report import render_table, write_report
     from forge_replay.runtime.rollout_manager import RolloutManager
-    from forge_replay.runtime.trainer import TrainerGroup, trainer_settings
-    from forge_replay.runtime.weight_sync import WeightSyncError
-    from forge_replay.runtime.weight_transfer import EngineWeightSync
+    from forge_replay.runtime.trainer.rank import TrainerGroup, trainer_settings
+    from forge_replay.runtime.weights.calls import WeightSyncError
+    from forge_replay.runtime.weights.sync import EngineWeightSync
 
     console = console or Console(stderr=True)
     started = time.perf_counter()

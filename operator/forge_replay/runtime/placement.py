@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forge_replay.runtime.trainer import TrainerSettings
+from forge_replay.runtime.trainer.rank import TrainerSettings
 
 PLACEMENT_TIMEOUT_S = 600.0
 

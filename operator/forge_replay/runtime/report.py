@@ -33,7 +33,7 @@ class RolloutRecord:
     grad_norm: float
     reward_mean: float
     memory: list[dict]
-    """One entry per rank (see ``forge_replay.runtime.memory.RankMemory``)."""
+    """One entry per rank (see ``forge_replay.runtime.trainer.memory.RankMemory``)."""
     weight_sync_seconds: float | None = None
     """forge mode: the push of this step's weights to every engine, checks included; None in debug mode."""
 
@@ -66,7 +66,7 @@ class RunReport:
     files: dict = field(default_factory=dict)
     engines: dict | None = None
     """forge mode: engine count, restarts, weight versions, health/eval probes, GPU memory held
-    (``forge_replay.runtime.fleet.EngineFleet.report``); None in debug mode."""
+    (``forge_replay.runtime.engines.fleet.EngineFleet.report``); None in debug mode."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,9 +17,9 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from forge_replay.runtime.batching import BatchError, build_micro_batch, plan_step
 from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
 from forge_replay.runtime.report import EvalRecord
+from forge_replay.runtime.trainer.batching import BatchError, build_micro_batch, plan_step
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class RolloutBatch:
 
 def forge_prerequisite_problem(engine_command: str | None) -> str | None:
     """Why forge mode cannot start engines here (no sglang and no --engine-command), or None."""
-    from forge_replay.runtime.engines import EngineUnavailable, resolve_engine_command
+    from forge_replay.runtime.engines.process import EngineUnavailable, resolve_engine_command
 
     try:
         resolve_engine_command(engine_command)
@@ -112,7 +112,7 @@ class RolloutManager:
         import os
         import tempfile
 
-        from forge_replay.runtime.fleet import EngineFleet
+        from forge_replay.runtime.engines.fleet import EngineFleet
 
         work_dir = (os.path.join(self.results_dir, "engines") if self.results_dir
                     else tempfile.mkdtemp(prefix="forge-replay-engines-"))
@@ -208,7 +208,7 @@ class RolloutManager:
             return
         self.engine_side.after_train_step(step, weights)
 
-    # The tensor and distributed paths: the driver runs the transfer between these (see weight_transfer).
+    # The tensor and distributed paths: the driver runs the transfer between these (see weights.sync).
     def prepare_weight_sync(self, step: int):
         """Engines ready for a push (recovered or refused, memory resumed): the version and generation."""
         return self._engines().prepare_weight_sync(step)

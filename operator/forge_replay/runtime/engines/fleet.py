@@ -4,7 +4,7 @@ The rollout manager owns one :class:`EngineFleet` when ``plan.start_engines`` an
 ``start()``, ``before_generate(rollout_id)``, ``before_train_step(step)``, the weight sync
 (``after_train_step(step, weights)`` on the disk path; ``prepare_weight_sync(step)``, then the
 trainer's transfer, then ``finish_weight_sync(step, version)`` on the tensor and distributed paths,
-see :mod:`forge_replay.runtime.weight_transfer`), ``before_eval(eval_id)``, ``report()``, ``shutdown()``.
+see :mod:`forge_replay.runtime.weights.sync`), ``before_eval(eval_id)``, ``report()``, ``shutdown()``.
 Every rollout-side decision (monitor, fault injection, recovery, eval self-probe) comes from the
 :class:`~forge_replay.runtime.gating.RolloutSidePlan` it is given; nothing here re-derives it.
 """
@@ -19,40 +19,32 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forge_replay.runtime.engines import (
-    EngineHTTPError,
-    EngineInfo,
+from forge_replay.runtime.engines.actor import EngineInfo, engine_actor_class
+from forge_replay.runtime.engines.eval_fleet import EvalFleet
+from forge_replay.runtime.engines.faults import FAULTS_ENV, FaultInjector
+from forge_replay.runtime.engines.health import HealthMonitor
+from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
+from forge_replay.runtime.engines.process import (
     EngineStartError,
     ModelSource,
-    engine_actor_class,
     engine_count,
-    engine_call,
     prepare_model_source,
     probe_health,
     resolve_engine_command,
 )
-from forge_replay.runtime.eval_fleet import EvalFleet
-from forge_replay.runtime.faults import FAULTS_ENV, FaultInjector
+from forge_replay.runtime.engines.router import Router, plan_router, router_installed
 from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_rollout_side, plan_weight_sync
-from forge_replay.runtime.health import HealthMonitor
-from forge_replay.runtime.ipc_tensors import EngineGPUs
-from forge_replay.runtime.router import Router, plan_router, router_installed
-from forge_replay.runtime.weight_sync import (
+from forge_replay.runtime.weights.calls import (
     WeightSyncError,
     confirm_weights,
     post_weight_request,
-    push_weights_from_disk,
     release_memory,
     resume_memory,
-    write_versioned_checkpoint,
 )
-from forge_replay.runtime.weight_transfer import (
-    ParamMeta,
-    SyncTarget,
-    WeightGroup,
-    distributed_update_body,
-    init_group_body,
-)
+from forge_replay.runtime.weights.disk import push_weights_from_disk, write_versioned_checkpoint
+from forge_replay.runtime.weights.distributed import ParamMeta, WeightGroup, distributed_update_body, init_group_body
+from forge_replay.runtime.weights.sync import SyncTarget
+from forge_replay.runtime.weights.tensor import EngineGPUs
 
 log = logging.getLogger(__name__)
 

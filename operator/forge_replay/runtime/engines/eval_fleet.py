@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from forge_replay.runtime.engines import probe_health
+from forge_replay.runtime.engines.process import probe_health
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from forge_replay.runtime.engines import EngineHTTPError, EngineProcess, engine_call, free_port
+from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
+from forge_replay.runtime.engines.process import EngineProcess, free_port
 
 log = logging.getLogger(__name__)
 

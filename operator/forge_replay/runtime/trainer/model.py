@@ -84,7 +84,7 @@ def packed_causal_attention(module, query, key, value, attention_mask, scaling=N
     transformers' own sdpa function."""
     import torch.nn.functional as F
 
-    from forge_replay.runtime.batching import segment_bounds
+    from forge_replay.runtime.trainer.batching import segment_bounds
 
     if query.shape[0] != 1:
         raise ValueError(f"{PACKED_ATTENTION} takes one packed sequence (batch 1), not a batch of {query.shape[0]}")

@@ -1,6 +1,6 @@
-"""Pushing the trainer's weights to the engines after every training step.
+"""The disk path of the weight push after every training step: checkpoints written, staged and loaded.
 
-The disk path (the distributed path lives in :mod:`forge_replay.runtime.weight_transfer`; the spec's
+The disk path (the distributed path lives in :mod:`.distributed`, the tensor path in :mod:`.tensor`; the spec's
 ``rollout.weightSync`` picks one, see :func:`forge_replay.runtime.gating.plan_weight_sync`):
 ``POST /update_weights_from_disk`` with a checkpoint directory on the engine's own node
 (safetensors, HF ``save_pretrained`` layout; the trainer's files reach that node through Ray's object
@@ -9,18 +9,18 @@ store, see :func:`stage_checkpoint`, so no volume is shared), carrying the new
 drops KV entries computed with the old weights. Replay sends no generation traffic, so there is
 nothing in flight to pause (``/pause_generation`` is not needed; sglang's update waits for
 running requests itself), and a server needs only these three endpoints plus health. When the engines share the trainer's GPUs (colocate) their memory is
-released (``/release_memory_occupation``) for training and resumed before the push.
+released (``/release_memory_occupation``) for training and resumed before the push (:mod:`.calls`).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
-from forge_replay.runtime.engines import EngineHTTPError, engine_call
+from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
+from forge_replay.runtime.weights.calls import Caller, PushResult, WeightSyncError, confirm_weights, require_success
 
 WEIGHTS_DIR_PREFIX = "weights-v"
 
@@ -51,10 +51,6 @@ def stage_checkpoint(files: Mapping[str, bytes], root: Path, version: int) -> Pa
         if suffix.isdigit() and int(suffix) < version and old != target:
             shutil.rmtree(old, ignore_errors=True)
     return target
-
-
-class WeightSyncError(RuntimeError):
-    """An engine refused or did not apply a weight push."""
 
 
 def save_weights(weights: object, directory: Path) -> Path:
@@ -95,21 +91,6 @@ def write_versioned_checkpoint(weights: object, root: Path, version: int, config
     return target
 
 
-@dataclass(frozen=True)
-class PushResult:
-    """One engine's answer to one weight push."""
-
-    url: str
-    version: str
-    confirmed_version: str | None
-    """What /get_weight_version answered; None when the server has no such endpoint (see ``unsupported``)."""
-    unsupported: tuple[str, ...] = ()
-    """Check endpoints the server answered 404 to (a stand-in server may lack them): reported, not hidden."""
-
-
-Caller = Callable[..., object]
-
-
 def push_weights_from_disk(
     url: str, checkpoint_dir: Path, version: str, *, timeout_s: float = 600.0, call: Caller = engine_call
 ) -> PushResult:
@@ -124,62 +105,7 @@ def push_weights_from_disk(
         )
     except EngineHTTPError as exc:
         raise WeightSyncError(f"engine {url} refused the weights in {checkpoint_dir} (version {version}): {exc}") from exc
-    _require_success(answer, url, f"the weights in {checkpoint_dir} (version {version})")
+    require_success(answer, url, f"the weights in {checkpoint_dir} (version {version})")
     return confirm_weights(url, version, timeout_s=timeout_s, call=call)
 
 
-def post_weight_request(url: str, path: str, body: dict, what: str, *, timeout_s: float = 600.0,
-                        call: Caller = engine_call, hint: str = "") -> object:
-    """POST one weight-sync request (``/init_weights_update_group``, ``/update_weights_from_distributed``,
-    ``/update_weights_from_tensor``) and require ``success``; ``what`` and ``hint`` go into the error."""
-    try:
-        answer = call(url, path, method="POST", body=body, timeout_s=timeout_s)
-    except EngineHTTPError as exc:
-        extra = f"; {hint}" if hint and exc.status == 404 else ""
-        verb = "gave no answer to" if exc.status is None else "refused"  # no answer: dead, or its connection cut
-        raise WeightSyncError(f"engine {url} {verb} {what} ({path}): {exc}{extra}") from exc
-    _require_success(answer, url, what)
-    return answer
-
-
-def _require_success(answer: object, url: str, what: str) -> None:
-    if isinstance(answer, dict) and answer.get("success") is False:
-        raise WeightSyncError(f"engine {url} did not load {what}: {answer.get('message')}")
-
-
-def confirm_weights(url: str, version: str, *, timeout_s: float = 600.0, call: Caller = engine_call) -> PushResult:
-    """After a push: ``/get_weight_version`` must answer ``version``; then ``/flush_cache`` (a 404 on either is
-    noted in the result: a stand-in server may lack them)."""
-    unsupported: list[str] = []
-    confirmed: str | None = None
-    reported = _optional(call, url, "/get_weight_version", timeout_s, unsupported)
-    if "/get_weight_version" not in unsupported:
-        confirmed = str(reported.get("weight_version")) if isinstance(reported, dict) else str(reported).strip()
-        if confirmed != version:
-            raise WeightSyncError(
-                f"engine {url} reports weight version {confirmed!r} after loading version {version!r}: "
-                "the push did not take"
-            )
-    _optional(call, url, "/flush_cache", timeout_s, unsupported)
-    return PushResult(url, version, confirmed, tuple(unsupported))
-
-
-def _optional(call: Caller, url: str, path: str, timeout_s: float, unsupported: list[str]) -> object:
-    """GET ``path``; a 404 is noted in ``unsupported`` (sglang has it; a stand-in may not), other errors raise."""
-    try:
-        return call(url, path, timeout_s=timeout_s)
-    except EngineHTTPError as exc:
-        if exc.status == 404:
-            unsupported.append(path)
-            return None
-        raise WeightSyncError(f"engine {url}: {path} after a weight push failed: {exc}") from exc
-
-
-def release_memory(url: str, *, timeout_s: float = 120.0, call: Caller = engine_call) -> None:
-    """Colocated engines give their GPU memory (weights, KV cache, CUDA graphs) to the trainer."""
-    call(url, "/release_memory_occupation", method="POST", body={}, timeout_s=timeout_s)
-
-
-def resume_memory(url: str, *, timeout_s: float = 120.0, call: Caller = engine_call) -> None:
-    """Colocated engines take their GPU memory back after training."""
-    call(url, "/resume_memory_occupation", method="POST", body={}, timeout_s=timeout_s)

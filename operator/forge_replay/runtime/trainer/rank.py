@@ -12,8 +12,8 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
-from forge_replay.runtime.batching import MicroBatch, segment_bounds
-from forge_replay.runtime.memory import MemoryProbe, dump_memory_snapshot, start_memory_history
+from forge_replay.runtime.trainer.batching import MicroBatch, segment_bounds
+from forge_replay.runtime.trainer.memory import MemoryProbe, dump_memory_snapshot, start_memory_history
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class TrainerRank:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from forge_replay.runtime.model import build_model, torch_dtype, transformer_blocks
+        from forge_replay.runtime.trainer.model import build_model, torch_dtype, transformer_blocks
 
         dtype = torch_dtype(self.settings.dtype)
         spread = self.settings.world_size > 1
@@ -159,7 +159,7 @@ class TrainerRank:
         """
         import torch
 
-        from forge_replay.runtime.loss import micro_batch_loss, token_log_probs
+        from forge_replay.runtime.trainer.loss import micro_batch_loss, token_log_probs
 
         assert self.model is not None and self.probe is not None, "setup() must run before train_step()"
         started = time.perf_counter()
@@ -231,7 +231,7 @@ class TrainerRank:
         and removes its local copy."""
         import shutil
 
-        from forge_replay.runtime.weight_sync import read_checkpoint_files
+        from forge_replay.runtime.weights.disk import read_checkpoint_files
 
         written = self.save_hf_checkpoint(path)
         if written is None:
@@ -247,8 +247,8 @@ class TrainerRank:
 
     def weight_metadata(self) -> list:
         """What the engines receive per parameter (checkpoint name, full shape, dtype sent), in order."""
-        from forge_replay.runtime.model import torch_dtype
-        from forge_replay.runtime.weight_transfer import ParamMeta
+        from forge_replay.runtime.trainer.model import torch_dtype
+        from forge_replay.runtime.weights.distributed import ParamMeta
 
         sent = torch_dtype(self.settings.dtype)
         metas = []
@@ -262,8 +262,8 @@ class TrainerRank:
         """Rank 0 joins the weight-sync group ``group`` (leaving the previous one); other ranks do nothing."""
         if self.rank != 0:
             return None
-        from forge_replay.runtime.weight_sync import WeightSyncError
-        from forge_replay.runtime.weight_transfer import join_weight_group
+        from forge_replay.runtime.weights.calls import WeightSyncError
+        from forge_replay.runtime.weights.distributed import join_weight_group
 
         self.leave_weight_group()
         try:
@@ -295,7 +295,7 @@ class TrainerRank:
         import torch
         import torch.distributed as dist
 
-        from forge_replay.runtime.weight_sync import WeightSyncError
+        from forge_replay.runtime.weights.calls import WeightSyncError
 
         params = dict(self.model.named_parameters())
         sent = 0
@@ -325,7 +325,8 @@ class TrainerRank:
         """This rank's node and physical GPU (as Ray numbers it): where colocated engines find its tensors."""
         import ray
 
-        from forge_replay.runtime.ipc_tensors import RankGPU, TensorSyncError
+        from forge_replay.runtime.weights.ipc import TensorSyncError
+        from forge_replay.runtime.weights.tensor import RankGPU
 
         gpus = ray.get_gpu_ids()
         if len(gpus) != 1:
@@ -341,14 +342,9 @@ class TrainerRank:
         import torch
         import torch.distributed as dist
 
-        from forge_replay.runtime.ipc_tensors import (
-            TensorSyncError,
-            in_tp_order,
-            serialize_named_tensors,
-            tp_roles,
-            update_request_body,
-        )
-        from forge_replay.runtime.weight_sync import post_weight_request
+        from forge_replay.runtime.weights.calls import post_weight_request
+        from forge_replay.runtime.weights.ipc import TensorSyncError, serialize_named_tensors, update_request_body
+        from forge_replay.runtime.weights.tensor import in_tp_order, tp_roles
 
         control, engine_groups = self._tensor_sync_groups(feeds, timeout_s)
         roles = tp_roles(feeds, self.rank)
@@ -503,7 +499,7 @@ class TrainerGroup:
         return [r.broadcast_weights.remote(buckets) for r in self.ranks]
 
     def gpu_locations(self) -> list:
-        """Each rank's node and GPU (:class:`~forge_replay.runtime.ipc_tensors.RankGPU`), in rank order."""
+        """Each rank's node and GPU (:class:`~forge_replay.runtime.weights.tensor.RankGPU`), in rank order."""
         import ray
 
         return ray.get([r.gpu_location.remote() for r in self.ranks])
