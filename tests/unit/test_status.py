@@ -378,3 +378,13 @@ def test_status_results_names_the_runs_folder_on_the_claim():
     status = status_from(job(results={"claimName": "forge-results"}), None, None, None, now=NOW)
     assert status["results"] == {"claimName": "forge-results", "path": "ml/memtest/u1"}
     assert status_from(job(), None, None, None, now=NOW)["results"] is None
+
+
+def test_a_stuck_launch_is_explained_from_the_ray_pods_own_reasons():
+    note = "pod c-head: ImagePullBackOff: pull access denied for registry.example.com/runtime"
+    status = status_from(job(), rayjob("Initializing", rayClusterName="c"), None, None, launch_note=note, now=NOW)
+    cluster = cond(status, "ClusterReady")
+    assert status["phase"] == "Launching" and cluster["reason"] == "PodsNotReady"
+    assert note in cluster["message"] and note in status["message"]
+    running = status_from(job(), rayjob("Running", "RUNNING", rayClusterName="c"), None, None, launch_note=note, now=NOW)
+    assert note not in running["message"]

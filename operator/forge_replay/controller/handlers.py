@@ -102,13 +102,18 @@ def on_job_event(event: dict[str, Any], namespace: str, name: str, memo: Any, **
         _reconciler(memo).forget(namespace, name)
 
 
+RAYJOB_STATUS_READ = ("jobDeploymentStatus", "jobStatus", "reason", "message", "rayClusterName", "startTime",
+                      "endTime")
+"""The RayJob status fields status_from reads (plus rayClusterStatus.state): KubeRay's other updates are skipped."""
+
+
 def _fingerprint(body: Any) -> str:
-    """What of a child matters to its owner's status: status, suspend, data (not resourceVersion etc.)."""
-    relevant = {
-        "status": body.get("status"),
-        "suspend": (body.get("spec") or {}).get("suspend"),
-        "data": body.get("data"),
-    }
+    """What of a child matters to its owner's status (not resourceVersion, KubeRay's bookkeeping etc.)."""
+    status = body.get("status") or {}
+    if body.get("kind") == "RayJob":
+        status = {k: status.get(k) for k in RAYJOB_STATUS_READ} | {
+            "clusterState": (status.get("rayClusterStatus") or {}).get("state")}
+    relevant = {"status": status, "suspend": (body.get("spec") or {}).get("suspend"), "data": body.get("data")}
     return json.dumps(relevant, sort_keys=True, default=str)
 
 
@@ -126,8 +131,10 @@ def _child_event(event: dict[str, Any], body: Any, namespace: str, memo: Any, tr
         if seen.get(key) == fingerprint:
             return
         seen[key] = fingerprint
+    # The RayJob as delivered saves reading it again (a deleted one is read: it may be gone or re-created).
+    rayjob = dict(body) if trigger == "rayjob" and event.get("type") != "DELETED" else None
     try:
-        _reconciler(memo).reconcile(namespace, owner, trigger)
+        _reconciler(memo).reconcile(namespace, owner, trigger, rayjob=rayjob)
     except (ReconcileConflict, KubeError) as exc:
         log.warning("reconcile of %s/%s after a %s event failed (retried by resync): %s", namespace, owner, trigger, exc)
 

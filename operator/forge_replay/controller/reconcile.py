@@ -115,12 +115,16 @@ class Reconciler:
 
     # ---------------------------------------------------------------------------------- reconcile
 
-    def reconcile(self, namespace: str, name: str, trigger: str) -> dict[str, Any] | None:
-        """Bring job ``namespace/name`` one step closer to done; returns the status written (or kept)."""
+    def reconcile(
+        self, namespace: str, name: str, trigger: str, rayjob: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """Bring job ``namespace/name`` one step closer to done; returns the status written (or kept).
+
+        ``rayjob`` is the RayJob as a watch event just delivered it (saves reading it again)."""
         metrics.RECONCILES.labels(trigger=trigger).inc()
         try:
             with self._lock(namespace, name):
-                return self._reconcile(namespace, name)
+                return self._reconcile(namespace, name, rayjob)
         except Exception as exc:
             metrics.ERRORS.labels(error=type(exc).__name__).inc()
             if isinstance(exc, KubeError) and exc.status in PERMANENT_API_ERRORS:
@@ -149,13 +153,13 @@ class Reconciler:
         except Exception as patch_error:  # the original error is what gets raised and logged
             log.warning("could not report the reconcile error on %s/%s: %s", namespace, name, patch_error)
 
-    def _reconcile(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _reconcile(self, namespace: str, name: str, seen_rayjob: dict[str, Any] | None) -> dict[str, Any] | None:
         body = self.kube.get(API_VERSION, KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         previous = body.get("status") or {}
         meta = body["metadata"]
-        rayjob = self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
+        rayjob = seen_rayjob or self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
         try:
             job = parse_job({k: v for k, v in body.items() if k != "status"})
         except SpecInvalid as invalid:
@@ -219,10 +223,11 @@ class Reconciler:
             rayjob = self._propagate_suspend(job, rayjob)
 
         # After launch the progress ConfigMap also holds the runtime's own result (read when the RayJob is gone).
-        progress = self._progress(namespace, name) if rayjob is not None or launched_before else None
+        progress = self._progress(namespace, name) if _may_have_progress(rayjob, launched_before) else None
         status_job = job.model_copy(update={"status": _status_model(previous)})
         status = status_from(
-            status_job, rayjob, verify_job, progress, verify_message=verify_message, refusal=refusal
+            status_job, rayjob, verify_job, progress, verify_message=verify_message, refusal=refusal,
+            launch_note=self._launch_note(namespace, rayjob),
         )
         return self._write_status(body, previous, status)
 
@@ -281,6 +286,15 @@ class Reconciler:
             return None
         pods = self.kube.list("v1", "Pod", namespace, f"job-name={job_name}")
         return verify_pod_note(pods, failed=state == "failed")
+
+    def _launch_note(self, namespace: str, rayjob: dict[str, Any] | None) -> str | None:
+        """Why the Ray pods of a launching RayJob do not start, in their own words (None when nothing is stuck)."""
+        status = (rayjob or {}).get("status") or {}
+        cluster = status.get("rayClusterName")
+        if not cluster or status.get("jobDeploymentStatus") not in ("", None, "New", "Initializing", "Retrying"):
+            return None
+        pods = self.kube.list("v1", "Pod", namespace, f"ray.io/cluster={cluster}")
+        return verify_pod_note(pods, failed=False)
 
     def _propagate_suspend(self, job: ForgeReplayJob, rayjob: dict[str, Any]) -> dict[str, Any]:
         """spec.suspend -> RayJob.spec.suspend. With a Kueue queue Kueue owns suspend (it un-suspends what it
@@ -360,6 +374,16 @@ class Reconciler:
             self.kube.create(event)
         except Exception as exc:  # an event is a courtesy: the status was written already
             log.warning("could not post event %s for %s/%s: %s", reason, meta["namespace"], meta["name"], exc)
+
+
+def _may_have_progress(rayjob: dict[str, Any] | None, launched_before: bool) -> bool:
+    """Whether the runtime may have published progress: its RayJob got past launching, or is gone after launch.
+
+    A queued, suspended or initializing RayJob has no driver yet, so its progress ConfigMap is not read."""
+    if rayjob is None:
+        return launched_before
+    status = rayjob.get("status") or {}
+    return bool(status.get("jobStatus")) or status.get("jobDeploymentStatus") in ("Running", "Complete", "Failed")
 
 
 def parse_meta(body: dict[str, Any]):

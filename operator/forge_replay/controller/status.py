@@ -82,7 +82,9 @@ def verify_state(verify_job: dict[str, Any] | None, verify_message: str | None =
 
 
 def verify_pod_note(pods: list[dict[str, Any]], *, failed: bool) -> str | None:
-    """What the verify pods say: the termination message once failed, else why the pod is stuck (if it is)."""
+    """What pods say: the termination message once failed, else why a pod is stuck (if one is).
+
+    Used for the verify Job's pod and, while a RayJob launches, for its Ray pods (``launch_note``)."""
     for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
         name = pod["metadata"]["name"]
         status = pod.get("status") or {}
@@ -111,9 +113,13 @@ def status_from(
     *,
     verify_message: str | None = None,
     refusal: Refusal | None = None,
+    launch_note: str | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """The status of ``job`` given its observed children (``job.status`` is the previous status)."""
+    """The status of ``job`` given its observed children (``job.status`` is the previous status).
+
+    ``launch_note`` is why a Ray pod of a launching RayJob is stuck (its own reason: unschedulable, image
+    pull, ...); it goes into ClusterReady and the message."""
     now_text = rfc3339(now or datetime.now(timezone.utc))
     previous = _previous(job)
     spec = job.spec
@@ -137,6 +143,9 @@ def status_from(
     completion: str | None = None
     if rayjob is not None:
         phase, reason, message, cluster = _from_rayjob(job, rayjob)
+        if launch_note and phase == "Launching":
+            cluster = _Cond("False", "PodsNotReady", f"{cluster.message}; {launch_note}")
+            message = f"{message}; {launch_note}"
         rj_status = rayjob.get("status") or {}
         if phase in TERMINAL_PHASES:
             completion = rj_status.get("endTime")
