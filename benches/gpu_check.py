@@ -552,11 +552,11 @@ def _release(on_gpu: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def run_checks(args, sizes: Sizes, on_gpu: bool, out: Path) -> tuple[list[Figure], dict]:
+def run_checks(checks: list[str], sizes: Sizes, on_gpu: bool, out: Path, document: dict) -> list[Figure]:
+    """Run ``checks`` in order; after each, ``document`` (figures, per-check details) is written as it stands."""
     figures: list[Figure] = []
-    results: dict = {}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
-        for name in args.checks:
+        for name in checks:
             began = time.perf_counter()
             try:
                 if name == "memory":
@@ -574,8 +574,17 @@ def run_checks(args, sizes: Sizes, on_gpu: bool, out: Path) -> tuple[list[Figure
             for figure in found:
                 print(figure.line(), flush=True)
             figures += found
-            results[name] = details
-    return figures, results
+            document["checks"][name] = details
+            write_document(out, document, figures)  # a run cut short by its time limit keeps what it did
+    return figures
+
+
+def write_document(out: Path, document: dict, figures: list[Figure]) -> Path:
+    """gpu_check.json with ``figures``; ``ok`` is None until the last figure (total seconds) is in."""
+    document["figures"] = [asdict(f) for f in figures]
+    path = out / "gpu_check.json"
+    path.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -614,17 +623,17 @@ def main(argv: list[str] | None = None) -> int:
     info = machine(on_gpu)
     print(f"gpu_check: {'cpu smoke' if args.cpu_smoke else info.get('gpu')}, torch {info['torch']}, "
           f"transformers {info['transformers']}, {info['date']}" + (f"; {wheels}" if wheels else ""), flush=True)
-    figures, results = run_checks(args, sizes, on_gpu, out)
+    document = {"ok": None, "mode": "cpu-smoke" if args.cpu_smoke else "gpu", "machine": info,
+                "blocked_imports": list(BLOCKED), "sizes": asdict(sizes), "figures": [], "checks": {}}
+    figures = run_checks(args.checks, sizes, on_gpu, out, document)
     total = time.monotonic() - _STARTED
     figures.append(Figure("total", "seconds", total, "s", f"imports included, <= {TIME_BUDGET_S} s on one GPU"
                           if on_gpu else "imports included", total <= TIME_BUDGET_S if on_gpu else None))
     print(figures[-1].line())
     code = exit_code(figures)
-    document = {"ok": code == 0, "mode": "cpu-smoke" if args.cpu_smoke else "gpu", "machine": info,
-                "blocked_imports": list(BLOCKED),
-                "sizes": asdict(sizes), "figures": [asdict(f) for f in figures], "checks": results}
-    (out / "gpu_check.json").write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"gpu_check: {'all comparisons passed' if code == 0 else 'FAILED'}; wrote {out / 'gpu_check.json'}")
+    document["ok"] = code == 0
+    path = write_document(out, document, figures)
+    print(f"gpu_check: {'all comparisons passed' if code == 0 else 'FAILED'}; wrote {path}")
     return code
 
 
