@@ -80,3 +80,11 @@ def test_synthesized_tokens_fit_the_model_vocabulary(tmp_path):
     job = parse_job(doc(path="fixed.pt", num_rollouts=2))
     (path,) = synthesize_if_absent(job, str(tmp_path), lambda _: None)
     assert max(max(s.tokens) for s in load(path).samples) < TINY["vocab_size"]
+
+
+def test_synth_missing_refuses_a_million_rollouts_before_filling_the_disk(tmp_path):
+    result = invoke(tmp_path, doc(num_rollouts=1_000_000), "--synth-missing", "--dumps-root", str(tmp_path / "d"),
+                    "--results", str(tmp_path / "results"))
+    assert result.exit_code == 2, result.output
+    assert "--synth-missing would write 1000000 dumps of" in result.output and "more than the 1 GiB" in result.output
+    assert not list((tmp_path / "d").iterdir())  # the one dump written to measure is gone again

@@ -6,6 +6,7 @@ Kept free of torch/ray imports at module level so `forge-replay --help` stays fa
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -69,18 +70,40 @@ def synthesize_if_absent(job, dumps_root: str, echo) -> list[str]:
         return []
     shape = synth_shape(job)
     start = replay.start_rollout_id if is_template(template) else 0
-    written = write_synth_dumps(
-        os.path.join(dumps_root, template),
-        replay.num_rollouts,
-        eval_ids=eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval),
-        start_rollout_id=start,
-        progress=True,
-        **shape,
-    )
+    eval_ids = eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval)
+    target = os.path.join(dumps_root, template)
+    # the first dump tells how large they all are, before the disk fills up
+    written = write_synth_dumps(target, 1, start_rollout_id=start, **shape)
+    files = replay.num_rollouts + len(eval_ids) if is_template(template) else 1
+    problem = synth_disk_problem(os.path.getsize(written[0]), files, shutil.disk_usage(written[0]).free, dumps_root)
+    if problem:
+        os.unlink(written[0])
+        raise _Unusable(problem)
+    if files > 1:
+        written += write_synth_dumps(target, replay.num_rollouts - 1, eval_ids=eval_ids, start_rollout_id=start + 1,
+                                     progress=True, **shape)
     echo(f"synthesized {len(written)} dump(s) under {dumps_root} "
          f"({shape['prompts']} prompts x {shape['samples_per_prompt']} samples, "
          f"{shape['prompt_len']}+{shape['response_len']} tokens)")
     return written
+
+
+SYNTH_CAP_BYTES = 2**30
+"""--synth-missing writes smoke-test dumps: at most 1 GiB of them (real dumps come from a real run)."""
+
+
+def synth_disk_problem(dump_bytes: int, files: int, free_bytes: int, where: str) -> str | None:
+    """Why ``files`` synthesized dumps of ``dump_bytes`` each must not be written (over 1 GiB, or over half
+    the free disk), or None."""
+    need = dump_bytes * files
+    limit = min(SYNTH_CAP_BYTES, free_bytes // 2)
+    if need <= limit:
+        return None
+    bound = ("the 1 GiB --synth-missing writes at most" if limit == SYNTH_CAP_BYTES
+             else f"half of the {free_bytes / 2**30:.2f} GiB free under {where}")
+    return (f"--synth-missing would write {files} dumps of {dump_bytes / 2**20:.2f} MiB each "
+            f"({need / 2**30:.2f} GiB), more than {bound}; lower spec.replay.numRollouts (a literal dumps.path "
+            "reuses one file), or write the dumps with `forge-replay dumps synth`")
 
 
 def load_one_job(file: str):
@@ -126,7 +149,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     report.json (per rollout: loss, tokens, step and data-wait time, memory peaks per rank,
     fallback used), memory.png and progress.json to the results folder and prints a table.
     Exit status: 0 success; 1 the run failed (missing dump, bad sample, trainer error);
-    2 FILE is unusable (unreadable, invalid spec, forge mode without sglang or --engine-command);
+    2 FILE is unusable (unreadable, invalid spec, forge mode without sglang or --engine-command), or the
+    results folder is (not writable, or in use by another run, which is named);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
     """
     err = lambda msg: click.echo(msg, err=True)  # noqa: E731
@@ -149,8 +173,36 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
         if problem:
             err(f"{file}: {problem}")
             sys.exit(EXIT_UNUSABLE)
+    from forge_replay.runtime.results import ResultsError, ResultsLock, check_writable, set_previous_aside
+
+    lock = ResultsLock(results_dir, name)
+    try:  # a folder that is unwritable, or in use by another run, fails now: not after training
+        check_writable(results_dir)
+        lock.acquire()
+        set_previous_aside(results_dir)
+    except ResultsError as exc:
+        lock.release()
+        err(f"{file}: {exc}")
+        sys.exit(EXIT_UNUSABLE)
+    if lock.note:
+        err(f"{file}: {lock.note}")
+    try:
+        _replay(file, job, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress)
+    finally:
+        lock.release()
+
+
+def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str | None, synth_missing: bool,
+            engine_command: str | None, no_progress: bool) -> None:
+    """The run once its results folder is held: dumps, pre-flight checks, Ray, the replay."""
+    err = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    spec = job.spec
     if synth_missing:
-        synthesize_if_absent(job, dumps_root, err)
+        try:
+            synthesize_if_absent(job, dumps_root, err)
+        except _Unusable as exc:
+            err(f"{file}: {exc}")
+            sys.exit(EXIT_UNUSABLE)
     elif not Path(dumps_root).is_dir():
         err(f"{file}: dumps root {dumps_root} does not exist (spec.replay.dumps.claimName "
             f"{spec.replay.dumps.claim_name!r}); pass --dumps-root DIR, or --synth-missing to synthesize dumps")

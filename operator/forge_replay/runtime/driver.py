@@ -103,7 +103,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from forge_replay.dumps.verify import eval_rollout_ids
     from forge_replay.runtime.placement import place_trainer
     from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
-    from forge_replay.runtime.report import render_table, write_report
+    from forge_replay.runtime.report import render_table
     from forge_replay.runtime.rollout_manager import RolloutManager
     from forge_replay.runtime.trainer.rank import TrainerGroup, trainer_settings
     from forge_replay.runtime.weights.calls import WeightSyncError
@@ -122,7 +122,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     report = RunReport(
         job=job.metadata.name or "forge-replay", mode=replay.mode, world_size=settings.world_size,
         device="cuda" if settings.use_gpu else "cpu", num_params=0, started_at=now_rfc3339(),
+        planned=len(rollout_ids),
     )
+    saver = ReportSaver(config.results_dir)
+    saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
 
     def publish(completed: int) -> None:
         peak = memory_peak(report.rollouts)
@@ -134,6 +137,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         ))
 
     group = manager = placement = None
+    report_problem = None
     try:
         from forge_replay.runtime.placement import PlacementError
 
@@ -179,6 +183,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
                                               time.perf_counter() - began)
                 report.rollouts.append(record)
+                report.completed = step + 1
                 if step == 0:
                     report.time_to_first_step_seconds = time.perf_counter() - started
                 if syncer is not None:
@@ -188,6 +193,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 if rollout_id in eval_after:  # slime: after rollout N when (N + 1) % evalInterval == 0
                     report.evals.append(ray.get(manager.evaluate.remote(rollout_id)))
                 publish(step + 1)
+                saver.save(report, step_done=True)
                 if not prefetch and step + 1 < len(rollout_ids):
                     next_batch = manager.get_rollout.remote(rollout_ids[step + 1])
                 progress.update(task, advance=1, info=f"loss {record.loss:.4f}"
@@ -196,24 +202,83 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             report.files["memory_snapshots"] = group.write_memory_snapshots(config.results_dir)
     except ray.exceptions.RayError as exc:
         cause = _unwrap(exc)
+        report.error = _brief(exc)
         raise ReplayRunError(f"{type(cause).__name__}: {cause}" if cause is not exc else str(exc)) from None
     except WeightSyncError as exc:  # raised in this process by the weight-sync shell, already one clear line
+        report.error = _brief(exc)
         raise ReplayRunError(f"{type(exc).__name__}: {exc}") from None
+    except BaseException as exc:
+        report.error = _brief(exc) if str(exc) else type(exc).__name__
+        raise
     finally:
-        report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
-        if manager is not None and plan.start_engines:
-            try:
-                report.engines = ray.get(manager.engine_report.remote(), timeout=60)
-            except Exception as exc:  # noqa: BLE001 - the manager may have died with the error being raised
-                log.warning("no engine report: %s", _brief(exc))
-        if config.results_dir and report.rollouts:
-            snapshots = report.files.get("memory_snapshots")
-            write_report(report, config.results_dir)
-            if snapshots:
-                report.files["memory_snapshots"] = snapshots
-        _shutdown(manager, group, placement)
+        try:  # the clean-up below must not depend on the report being written
+            report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
+            if manager is not None and plan.start_engines:
+                try:
+                    report.engines = ray.get(manager.engine_report.remote(), timeout=60)
+                except Exception as exc:  # noqa: BLE001 - the manager may have died with the error being raised
+                    log.warning("no engine report: %s", _brief(exc))
+            report.partial = report.error is not None or report.completed < report.planned
+            report_problem = saver.save_final(report)
+        finally:
+            _shutdown(manager, group, placement)
+    if report_problem:
+        raise ReplayRunError(report_problem)
     console.print(render_table(report))
     return report
+
+
+class ReportSaver:
+    """Writes report.json into the results folder: at the start, after steps, and at the end with the plot.
+
+    A write that fails mid-run raises :class:`ReplayRunError` (a run whose results cannot be kept is stopped);
+    the final one returns its problem, so that the engines and trainer are stopped first. Between steps a write
+    is skipped while the time since the last one is under ten times what it took, which keeps the cost of
+    rewriting a long run's report under a tenth of the run."""
+
+    def __init__(self, results_dir: str | None):
+        self.directory = results_dir
+        self.last_wrote = self.took = 0.0
+        self.failed: str | None = None
+
+    def save(self, report: RunReport, step_done: bool = False) -> None:
+        from forge_replay.runtime.report import write_json
+
+        if self.directory is None or self.failed:
+            return
+        if step_done and time.perf_counter() - self.last_wrote < 10 * self.took:
+            return
+        began = time.perf_counter()
+        try:
+            if not self.last_wrote:
+                os.makedirs(self.directory, exist_ok=True)
+            write_json(report, self.directory)
+        except OSError as exc:
+            self.failed = self._problem(exc, report)
+            raise ReplayRunError(self.failed) from None
+        self.last_wrote = time.perf_counter()
+        self.took = self.last_wrote - began
+
+    def save_final(self, report: RunReport) -> str | None:
+        """Write memory.png and report.json; the problem (one line) when that failed, else None."""
+        from forge_replay.runtime.report import write_report
+
+        if self.directory is None or self.failed:
+            return self.failed
+        try:
+            write_report(report, self.directory)
+        except OSError as exc:
+            problem = self._problem(exc, report)
+            if report.error is not None:  # the run's own error is what the caller raises: say this one here
+                log.error("%s", problem)
+            return problem
+        return None
+
+    def _problem(self, exc: OSError, report: RunReport) -> str:
+        where = exc.filename or self.directory
+        return (f"cannot write the report to {self.directory} ({where}: {exc.strerror or exc}); "
+                f"the report.json there, if any, is the last one written (partial: true); "
+                f"{report.completed} of {report.planned} rollouts were trained")
 
 
 def verify_or_raise(config) -> None:

@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from forge_replay.runtime.results import write_atomically
+
 REPORT_JSON = "report.json"
 MEMORY_PLOT = "memory.png"
 
@@ -59,6 +61,12 @@ class RunReport:
     device: str
     num_params: int
     started_at: str
+    partial: bool = True
+    """True until the run has trained every planned rollout and written its final report."""
+    completed: int = 0
+    planned: int = 0
+    error: str | None = None
+    """Why the run stopped early (one line), when it did."""
     time_to_first_step_seconds: float | None = None
     rollouts: list[RolloutRecord] = field(default_factory=list)
     evals: list[EvalRecord] = field(default_factory=list)
@@ -156,9 +164,11 @@ def _total_or_none(values: list[float | None]) -> float | None:
     return sum(known) if known else None
 
 
-def write_json(report: RunReport, directory: Path) -> Path:
-    path = directory / REPORT_JSON
-    path.write_text(json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+def write_json(report: RunReport, directory: str | Path) -> Path:
+    """report.json, written whole (a temporary file and a rename): a run killed or a disk filled mid-write
+    leaves the previous version. Raises OSError."""
+    path = Path(directory) / REPORT_JSON
+    write_atomically(path, json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n")
     return path
 
 
@@ -194,19 +204,34 @@ def write_plot(report: RunReport, directory: Path) -> Path | None:
     ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_loss.grid(alpha=0.3)
     fig.tight_layout()
-    path = directory / MEMORY_PLOT
-    fig.savefig(path, dpi=100)
+    import io
+
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    path = directory / MEMORY_PLOT
+    write_atomically(path, png.getvalue())
     return path
 
 
 def write_report(report: RunReport, directory: str | Path) -> dict:
-    """Write report.json and memory.png into ``directory``; returns their paths."""
+    """Write memory.png, then report.json, into ``directory`` (each whole); returns their paths.
+
+    A plot that cannot be written does not keep report.json from being written; the first OSError is
+    raised once both were tried."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    plot = write_plot(report, directory)
-    report.files = {"report": str(directory / REPORT_JSON), "plot": str(plot) if plot else None}
-    write_json(report, directory)
+    failure: OSError | None = None
+    try:
+        plot = write_plot(report, directory)
+    except OSError as exc:
+        failure, plot = exc, None
+    report.files = {**report.files, "report": str(directory / REPORT_JSON), "plot": str(plot) if plot else None}
+    try:
+        write_json(report, directory)
+    except OSError as exc:
+        failure = failure or exc
+    if failure is not None:
+        raise failure
     return report.files
 
 
