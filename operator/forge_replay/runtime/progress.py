@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import datetime, timezone
 from pathlib import Path
 
 from forge_replay.api.progress import PROGRESS_KEY, ProgressReport, RunResult
+from forge_replay.runtime.results import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,6 @@ def now_rfc3339() -> str:
 def progress_json(report: ProgressReport) -> str:
     """The JSON document both the file and the ConfigMap carry (camelCase, like the status)."""
     return json.dumps(report.model_dump(mode="json", by_alias=True, exclude_none=True), sort_keys=True)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 class ProgressPublisher:
@@ -52,6 +45,7 @@ class ProgressPublisher:
         text = progress_json(report)
         if self.path is not None:
             try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 write_atomically(self.path, text)
             except OSError as exc:
                 self.failures += 1
