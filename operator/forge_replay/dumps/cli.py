@@ -16,6 +16,25 @@ def _fail(message: str, code: int = 1) -> None:
     sys.exit(code)
 
 
+_limit_option = click.option(
+    "--limit",
+    "limit_settings",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Raise a bound on the work one file may cause (max_depth, max_expansion, max_key_bytes,"
+    " max_compression_ratio); repeatable. Default: $FORGE_REPLAY_DUMP_LIMITS, else built-in defaults.",
+)
+
+
+def _limits(settings: tuple[str, ...]):
+    from forge_replay.dumps.bounds import LimitError, default_limits
+
+    try:
+        return default_limits().with_overrides(settings)
+    except LimitError as exc:
+        _fail(f"--limit {exc}", code=2)
+
+
 @click.group()
 def dumps() -> None:
     """Inspect, verify, synthesize and pack slime/miles rollout dumps (never executes pickled code)."""
@@ -24,16 +43,18 @@ def dumps() -> None:
 @dumps.command()
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def inspect(path: str, as_json: bool) -> None:
+@_limit_option
+def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
     """Summarize one dump: samples, groups, token lengths, rewards, statuses, optional fields."""
     from rich.console import Console
 
     from forge_replay.dumps import DumpError, SampleError, load
     from forge_replay.dumps.summary import render_text, summarize
 
+    limits = _limits(limit_settings)
     try:
         with Console(stderr=True).status(f"loading {path}"):
-            dump = load(path)
+            dump = load(path, limits)
     except (DumpError, SampleError) as exc:
         _fail(str(exc))
     summary = summarize(dump)
@@ -48,6 +69,7 @@ def inspect(path: str, as_json: bool) -> None:
 @click.option("--root", type=click.Path(file_okay=False), default=None, help="Directory the path is relative to.")
 @click.option("--no-fallback", is_flag=True, help="A missing train dump is a problem, not a fallback to rollout 0.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_limit_option
 def verify(
     template: str,
     num_rollouts: int,
@@ -56,6 +78,7 @@ def verify(
     root: str | None,
     no_fallback: bool,
     as_json: bool,
+    limit_settings: tuple[str, ...],
 ) -> None:
     """Check that every needed dump exists and loads safely. Exit 0 ok, 1 problems, 2 usage."""
     from forge_replay.dumps.verify import verify_dumps
@@ -69,6 +92,7 @@ def verify(
             eval_interval=eval_interval,
             fallback=not no_fallback,
             progress=not as_json,
+            limits=_limits(limit_settings),
         )
     except ValueError as exc:
         _fail(str(exc), code=2)
@@ -135,8 +159,15 @@ def synth(
 @click.option("--start-rollout-id", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--eval-ids", default="", help="Comma-separated eval ids to pack too (templates only).")
 @click.option("--no-check", is_flag=True, help="Skip reading each packed file back and comparing it.")
+@_limit_option
 def pack(
-    source: str, destination: str, num_rollouts: int | None, start_rollout_id: int, eval_ids: str, no_check: bool
+    source: str,
+    destination: str,
+    num_rollouts: int | None,
+    start_rollout_id: int,
+    eval_ids: str,
+    no_check: bool,
+    limit_settings: tuple[str, ...],
 ) -> None:
     """Rewrite dumps in the packed format (flat arrays, memory-mappable); the loader reads it transparently.
 
@@ -150,6 +181,7 @@ def pack(
     from forge_replay.dumps.packed import identical, load_packed_raw, write_packed
     from forge_replay.dumps.progress import progress_bar
 
+    limits = _limits(limit_settings)
     for name, value in (("SOURCE", source), ("DESTINATION", destination)):
         problem = path_problem(value.lstrip("/"))
         if problem:
@@ -176,11 +208,11 @@ def pack(
                 advance(src)
                 continue
             try:
-                blob = load_raw(src)
+                blob = load_raw(src, limits)
                 write_packed(dst, blob["rollout_id"], blob["samples"])
                 del blob
                 # A fresh read of both files from disk, compared strictly: the check trusts no memory.
-                if not no_check and not identical(load_packed_raw(dst), load_raw(src)):
+                if not no_check and not identical(load_packed_raw(dst, limits), load_raw(src, limits)):
                     os.unlink(dst)
                     _fail(f"{dst}: packed file does not read back identical to {src}; removed it")
             except DumpError as exc:

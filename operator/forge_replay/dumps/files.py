@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from forge_replay.dumps.bounds import Limits, quote
 from forge_replay.dumps.safe_pickle import DumpError, safe_load
 from forge_replay.dumps.sample import Sample, SampleError
 
@@ -21,18 +22,19 @@ class Dump:
     path: str
 
 
-def load_raw(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_raw(path: str | os.PathLike[str], limits: Limits | None = None) -> dict[str, Any]:
     """The dump's top-level dict ``{"rollout_id": int, "samples": [dict, ...]}``, read safely.
 
-    Packed dumps (``forge-replay dumps pack``) are read transparently. Raises DumpError.
+    Packed dumps (``forge-replay dumps pack``) are read transparently; ``limits`` bound the work
+    (see :mod:`forge_replay.dumps.bounds`). Raises DumpError.
     """
     from forge_replay.dumps import packed
 
     path = os.fspath(path)
     if packed.is_packed(path):
-        blob = packed.load_packed_raw(path)
+        blob = packed.load_packed_raw(path, limits)
     else:
-        blob = safe_load(path)
+        blob = safe_load(path, limits)
     check_top_level(blob, path)
     return blob
 
@@ -43,20 +45,20 @@ def check_top_level(blob: Any, path: str) -> None:
         raise DumpError(path, f"expected a dict with 'rollout_id' and 'samples', got {type(blob).__name__}")
     missing = [key for key in ("rollout_id", "samples") if key not in blob]
     if missing:
-        raise DumpError(path, f"missing top-level key(s) {missing}; found {sorted(map(str, blob))}")
+        raise DumpError(path, f"missing top-level key(s) {missing}; found {quote(sorted(map(quote, blob)))}")
     if not isinstance(blob["rollout_id"], int) or isinstance(blob["rollout_id"], bool):
-        raise DumpError(path, f"'rollout_id' must be an int, got {blob['rollout_id']!r}")
+        raise DumpError(path, f"'rollout_id' must be an int, got {quote(blob['rollout_id'])}")
     if not isinstance(blob["samples"], list):
         raise DumpError(path, f"'samples' must be a list, got {type(blob['samples']).__name__}")
 
 
-def load(path: str | os.PathLike[str]) -> Dump:
+def load(path: str | os.PathLike[str], limits: Limits | None = None) -> Dump:
     """Load a slime/miles dump safely (no pickled code runs); packed dumps are read transparently.
 
     Raises DumpError (file-level problems) or SampleError (naming the file and sample index).
     """
     path = os.fspath(path)
-    blob = load_raw(path)
+    blob = load_raw(path, limits)
     samples = [Sample.from_dict(d, index=i, where=path) for i, d in enumerate(blob["samples"])]
     return Dump(rollout_id=blob["rollout_id"], samples=samples, path=path)
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from forge_replay.dumps.safe_pickle import DumpError, safe_load_bytes
+from forge_replay.dumps.bounds import Limits, open_regular
+from forge_replay.dumps.safe_pickle import DumpError, open_dump, safe_load_bytes
 
 MAGIC = b"FRPACK\x00\x01"
 FORMAT_VERSION = 1
@@ -40,11 +41,11 @@ PACKED_COLUMNS: dict[str, str] = {
 
 
 def is_packed(path: str) -> bool:
-    """True when ``path`` starts with the packed-format magic."""
+    """True when ``path`` is a regular file starting with the packed-format magic."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             return handle.read(len(MAGIC)) == MAGIC
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
@@ -52,7 +53,12 @@ def _plain_list(value: Any, kind: str) -> bool:
     if type(value) is not list:
         return False
     wanted = int if kind == "int" else float
-    return all(type(x) is wanted for x in value)
+    if not all(type(x) is wanted for x in value):
+        return False
+    return kind != "int" or not value or (_INT64_MIN <= min(value) and max(value) <= _INT64_MAX)
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _int_dtype(values: list[int]) -> np.dtype:
@@ -162,12 +168,19 @@ class PackedDump:
             return None
         return self.arrays[f"{name}.values"], self.arrays[f"{name}.offsets"], self.arrays[f"{name}.packed"]
 
-    def sample_dicts(self) -> list[dict[str, Any]]:
+    def sample_dicts(self, limits: Limits | None = None) -> list[dict[str, Any]]:
         """The original per-sample dicts, with the packed columns as Python lists again."""
-        blob = safe_load_bytes(self.rest_bytes, f"{self.path} (rest section)")
+        blob = safe_load_bytes(self.rest_bytes, f"{self.path} (rest section)", limits)
         rest = blob.get("samples") if isinstance(blob, dict) else None
         orders = blob.get("key_orders") if isinstance(blob, dict) else None
-        if not isinstance(rest, list) or len(rest) != self.num_samples or not isinstance(orders, list):
+        if (
+            not isinstance(rest, list)
+            or len(rest) != self.num_samples
+            or not all(isinstance(d, dict) for d in rest)
+            or not isinstance(orders, list)
+            or len(orders) != self.num_samples
+            or not all(isinstance(o, list) and all(isinstance(k, str) for k in o) for o in orders)
+        ):
             raise DumpError(self.path, "packed rest section does not match the header", "re-run forge-replay dumps pack")
         for column in PACKED_COLUMNS:
             found = self.column(column)
@@ -181,29 +194,32 @@ class PackedDump:
 
 def open_packed(path: str, use_mmap: bool = True) -> PackedDump:
     """Open a packed dump; with ``use_mmap`` the arrays are read lazily from the page cache."""
-    try:
-        with open(path, "rb") as handle:
+    with open_dump(path) as handle:
+        try:
             if use_mmap:
                 buffer: Any = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
             else:
                 buffer = handle.read()
-    except (OSError, ValueError) as exc:
-        raise DumpError(path, f"cannot open packed dump: {exc}") from None
+        except (OSError, ValueError) as exc:
+            raise DumpError(path, f"cannot open packed dump: {exc}") from None
     if len(buffer) < len(MAGIC) + 8 or buffer[: len(MAGIC)] != MAGIC:
         raise DumpError(path, "not a packed dump (bad magic)")
     (header_len,) = struct.unpack_from("<Q", buffer, len(MAGIC))
     start = len(MAGIC) + 8
     try:
         header = json.loads(bytes(buffer[start : start + header_len]))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise DumpError(path, f"corrupt packed header: {exc}", "the file may be truncated") from None
-    if header.get("version") != FORMAT_VERSION:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise DumpError(path, f"corrupt packed header: {_first(exc)}", "the file may be truncated") from None
+    if not isinstance(header, dict) or header.get("version") != FORMAT_VERSION:
+        header = header if isinstance(header, dict) else {}
         raise DumpError(path, f"packed format version {header.get('version')!r} is not supported (expected 1)")
     size = len(buffer)
     arrays: dict[str, np.ndarray] = {}
     try:
         for name, entry in header["arrays"].items():
             dtype = np.dtype(entry["dtype"])
+            if dtype.kind not in "iuf" or min(entry["offset"], entry["count"]) < 0:
+                raise DumpError(path, f"array {name[:100]!r} has dtype {dtype} at offset {entry['offset']}")
             end = entry["offset"] + entry["count"] * dtype.itemsize
             if end > size:
                 raise DumpError(path, f"array {name!r} runs past the end of the file", "the file is truncated")
@@ -214,22 +230,30 @@ def open_packed(path: str, use_mmap: bool = True) -> PackedDump:
         rest_bytes = bytes(buffer[rest["offset"] : rest["offset"] + rest["length"]])
         num_samples = int(header["num_samples"])
         rollout_id = int(header["rollout_id"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DumpError(path, f"corrupt packed header: {type(exc).__name__}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DumpError(path, f"corrupt packed header: {type(exc).__name__}: {_first(exc)}") from None
     for column in PACKED_COLUMNS:
         if f"{column}.values" in arrays:
+            if f"{column}.offsets" not in arrays or f"{column}.packed" not in arrays:
+                raise DumpError(path, f"column {column!r} has values but no offsets or flags", "the file is corrupt")
             offsets = arrays[f"{column}.offsets"]
             if offsets.size != num_samples + 1 or arrays[f"{column}.packed"].size != num_samples:
                 raise DumpError(path, f"column {column!r} offsets do not match {num_samples} samples")
-            if offsets[-1] != arrays[f"{column}.values"].size or (offsets.size > 1 and np.any(np.diff(offsets) < 0)):
+            bad_start = offsets.size > 0 and offsets[0] != 0
+            if bad_start or offsets[-1] != arrays[f"{column}.values"].size or np.any(np.diff(offsets) < 0):
                 raise DumpError(path, f"column {column!r} offsets are inconsistent", "the file is corrupt")
     return PackedDump(path=path, rollout_id=rollout_id, num_samples=num_samples, arrays=arrays, rest_bytes=rest_bytes)
 
 
-def load_packed_raw(path: str) -> dict[str, Any]:
+def load_packed_raw(path: str, limits: Limits | None = None) -> dict[str, Any]:
     """The packed dump as slime's top-level dict ``{"rollout_id", "samples": [dict, ...]}``."""
     dump = open_packed(path, use_mmap=False)
-    return {"rollout_id": dump.rollout_id, "samples": dump.sample_dicts()}
+    return {"rollout_id": dump.rollout_id, "samples": dump.sample_dicts(limits)}
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def identical(a: Any, b: Any) -> bool:

@@ -21,12 +21,13 @@ import io
 import os
 import pickle
 import re
-import reprlib
 import sys
 import warnings
 from typing import IO, Any
 
 import torch
+
+from forge_replay.dumps.bounds import BoundsError, Limits, check_pickle, default_limits, open_regular, quote, raise_hint
 
 ZIP_MAGIC = b"PK\x03\x04"
 # torch's legacy (pre-1.6) serialization starts with this pickled magic number.
@@ -74,10 +75,10 @@ class _Sealed:
         raise Refused(f"the pickle sets state on {self!r}, which is read-only")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise Refused(f"the pickle sets attribute {_quote(name)} of {self!r}, which is read-only")
+        raise Refused(f"the pickle sets attribute {quote(name)} of {self!r}, which is read-only")
 
     def __delattr__(self, name: str) -> None:
-        raise Refused(f"the pickle deletes attribute {_quote(name)} of {self!r}, which is read-only")
+        raise Refused(f"the pickle deletes attribute {quote(name)} of {self!r}, which is read-only")
 
 
 class _StorageType(_Sealed):
@@ -114,13 +115,37 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_
     if not isinstance(storage, torch.storage.TypedStorage) or len(rest) > 1:
         raise pickle.UnpicklingError("malformed tensor record")
     if not isinstance(offset, int) or not _int_tuple(size) or not _int_tuple(stride) or len(size) != len(stride):
-        raise pickle.UnpicklingError(f"malformed tensor geometry: offset {_quote(offset)}, size {_quote(size)}")
+        raise pickle.UnpicklingError(f"malformed tensor geometry: offset {quote(offset)}, size {quote(size)}")
     if type(requires_grad) is not bool or (hooks is not None and (not isinstance(hooks, dict) or hooks)):
         raise pickle.UnpicklingError("malformed tensor record: requires_grad must be a bool and backward hooks empty")
     metadata = rest[0] if rest else None
     if metadata is not None and not isinstance(metadata, dict):
-        raise pickle.UnpicklingError(f"malformed tensor metadata {_quote(metadata)}")
+        raise pickle.UnpicklingError(f"malformed tensor metadata {quote(metadata)}")
+    _check_geometry(storage.size(), offset, size, stride)
     return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, collections.OrderedDict(), metadata)
+
+
+def _check_geometry(storage_elements: int, offset: int, size: tuple, stride: tuple) -> None:
+    """A tensor may not hold more elements than its storage, nor reach outside it.
+
+    Stride-0 expansion would otherwise let a few bytes stand for 2^40 elements that training
+    materializes (a blank MemoryError, or minutes per step).
+    """
+    if offset < 0 or any(n < 0 for n in size) or any(st < 0 for st in stride):
+        raise pickle.UnpicklingError(f"malformed tensor geometry: offset {offset}, size {quote(size)}, stride {quote(stride)}")
+    elements = 1
+    for n in size:
+        elements *= n
+    if elements == 0:
+        return
+    if elements > storage_elements:
+        raise Refused(
+            f"a tensor of {elements} elements (size {quote(size)}, stride {quote(stride)}) over a storage of "
+            f"{storage_elements}: expanded (stride-0) tensors are not allowed in dumps; save .contiguous() copies"
+        )
+    last = offset + sum((n - 1) * st for n, st in zip(size, stride))
+    if last >= storage_elements:
+        raise pickle.UnpicklingError(f"a tensor reaches element {last} of a storage of {storage_elements}")
 
 
 def _int_tuple(value: Any) -> bool:
@@ -130,14 +155,14 @@ def _int_tuple(value: Any) -> bool:
 def _latin1(text: Any, encoding: Any) -> bytes:
     """``_codecs.encode`` as protocol 2 uses it (bytes pickled as a latin-1 str), and nothing else."""
     if not isinstance(text, str) or encoding != "latin1":
-        raise Refused(f"_codecs.encode with encoding {_quote(encoding)}: only latin1 is allowed")
+        raise Refused(f"_codecs.encode with encoding {quote(encoding)}: only latin1 is allowed")
     return text.encode("latin1")
 
 
 def _empty_bytes(*args: Any) -> bytes:
     """``bytes()``, which protocol 2 writes for ``b""``; ``bytes(n)`` would allocate n bytes, so no arguments."""
     if args:
-        raise Refused(f"bytes{_quote(args)}: only bytes() is allowed")
+        raise Refused(f"bytes{quote(args)}: only bytes() is allowed")
     return b""
 
 
@@ -182,16 +207,16 @@ class _NumpyDType(_Sealed):
 
     def __init__(self, spec: Any, align: Any = False, copy: Any = False):
         if not isinstance(spec, str) or not _PLAIN_NUMPY_DTYPE.fullmatch(spec) or type(align) is not bool:
-            raise Refused(f"numpy dtype {_quote(spec)}: only plain numeric dtypes are allowed")
+            raise Refused(f"numpy dtype {quote(spec)}: only plain numeric dtypes are allowed")
         object.__setattr__(self, "spec", spec)
         object.__setattr__(self, "byteorder", "=")
 
     def __setstate__(self, state: Any) -> None:
         # numpy pickles a plain dtype's state as (3, byteorder, None, None, None, -1, -1, 0).
         if not (isinstance(state, tuple) and len(state) == 8 and state[0] == 3 and state[1] in ("<", ">", "|", "=")):
-            raise Refused(f"numpy dtype state {_quote(state)}: only a byte order may be set")
+            raise Refused(f"numpy dtype state {quote(state)}: only a byte order may be set")
         if state[2:] != (None, None, None, -1, -1, 0):
-            raise Refused(f"numpy dtype state {_quote(state)}: only a byte order may be set")
+            raise Refused(f"numpy dtype state {quote(state)}: only a byte order may be set")
         object.__setattr__(self, "byteorder", state[1])
 
     def real(self) -> Any:
@@ -212,16 +237,16 @@ def _numpy_array_class() -> Any:
 
         def __setstate__(self, state: Any) -> None:
             if not (isinstance(state, tuple) and len(state) == 5 and state[0] == 1):
-                raise Refused(f"numpy array state {_quote(state)}")
+                raise Refused(f"numpy array state {quote(state)}")
             _, shape, dtype, fortran, data = state
             if not _int_tuple(shape) or any(n < 0 for n in shape) or not isinstance(dtype, _NumpyDType):
-                raise Refused(f"numpy array of shape {_quote(shape)} and dtype {_quote(dtype)}")
+                raise Refused(f"numpy array of shape {quote(shape)} and dtype {quote(dtype)}")
             real = dtype.real()
             count = 1
             for n in shape:
                 count *= n
             if type(fortran) is not bool or not isinstance(data, bytes) or len(data) != count * real.itemsize:
-                raise pickle.UnpicklingError(f"numpy array data does not match shape {_quote(shape)} and {real}")
+                raise pickle.UnpicklingError(f"numpy array data does not match shape {quote(shape)} and {real}")
             np.ndarray.__setstate__(self, (1, shape, real, fortran, data))
 
         def __reduce__(self) -> Any:  # saved again (pack, Ray), it is a plain ndarray
@@ -247,12 +272,12 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
 
     def reconstruct(cls: Any, shape: Any, typecode: Any) -> Any:
         if cls is not np.ndarray or shape != (0,) or typecode != b"b":
-            raise Refused(f"numpy _reconstruct of {_quote(cls)}: only plain ndarrays are allowed")
+            raise Refused(f"numpy _reconstruct of {quote(cls)}: only plain ndarrays are allowed")
         return array_class((0,), dtype=np.uint8)
 
     def scalar(dtype: Any, data: Any) -> Any:
         if not isinstance(dtype, _NumpyDType) or not isinstance(data, bytes):
-            raise Refused(f"numpy scalar of {_quote(dtype)}")
+            raise Refused(f"numpy scalar of {quote(dtype)}")
         real = dtype.real()
         if len(data) != real.itemsize:
             raise pickle.UnpicklingError(f"numpy scalar data has {len(data)} bytes, {real} needs {real.itemsize}")
@@ -266,19 +291,6 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
         allowed[(module, "_reconstruct")] = _Call(reconstruct, f"{module}._reconstruct")
         allowed[(module, "scalar")] = _Call(scalar, f"{module}.scalar")
     return allowed
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 120, 80, 40
-
-
-def _quote(value: Any, limit: int = 200) -> str:
-    """``repr(value)`` cut to ``limit`` characters, so an error message stays small whatever a dump holds."""
-    try:
-        text = _REPR.repr(value)
-    except Exception:  # a hostile object's repr may fail; say what it is instead
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {**_tensor_rebuild_globals(), **_numpy_globals()}
@@ -305,16 +317,16 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def persistent_load(self, saved_id: Any) -> Any:
         if self._storage_reader is None:
-            raise pickle.UnpicklingError(f"persistent id {_quote(saved_id)} outside a torch.save zip archive")
+            raise pickle.UnpicklingError(f"persistent id {quote(saved_id)} outside a torch.save zip archive")
         if not isinstance(saved_id, tuple) or len(saved_id) != 5:
-            raise pickle.UnpicklingError(f"malformed persistent id {_quote(saved_id)}")
+            raise pickle.UnpicklingError(f"malformed persistent id {quote(saved_id)}")
         typename, storage_type, key, _location, numel = saved_id
         if isinstance(typename, bytes):
             typename = typename.decode("ascii")
         if typename != "storage" or not isinstance(storage_type, _StorageType):
-            raise pickle.UnpicklingError(f"unsupported persistent id {_quote(saved_id[:2])}")
+            raise pickle.UnpicklingError(f"unsupported persistent id {quote(saved_id[:2])}")
         if not isinstance(key, str) or not isinstance(numel, int) or numel < 0:
-            raise pickle.UnpicklingError(f"malformed storage reference {_quote(saved_id)}")
+            raise pickle.UnpicklingError(f"malformed storage reference {quote(saved_id)}")
         dtype = storage_type.dtype
         cached = self._storages.get(key)
         if cached is not None and cached.dtype == dtype:
@@ -340,11 +352,11 @@ class _ZipStorageReader:
     def read_storage(self, key: str, nbytes: int, dtype: torch.dtype) -> torch.UntypedStorage:
         name = f"data/{key}"
         if not self._reader.has_record(name):
-            raise pickle.UnpicklingError(f"storage record {_quote(name)} is missing from the archive")
+            raise pickle.UnpicklingError(f"storage record {quote(name)} is missing from the archive")
         # Check the size before reading, so a lying header cannot make us allocate a huge buffer.
         size = self._reader.get_record_size(name)
         if size != nbytes:
-            raise pickle.UnpicklingError(f"storage record {_quote(name)} has {size} bytes, the pickle expects {nbytes}")
+            raise pickle.UnpicklingError(f"storage record {quote(name)} has {size} bytes, the pickle expects {nbytes}")
         storage = self._reader.get_storage_from_record(name, nbytes, torch.UntypedStorage)
         untyped = storage._typed_storage()._untyped_storage
         if self._swap:  # written on a machine of the other byte order
@@ -363,50 +375,71 @@ def _open_zip(source: str | bytes | IO[bytes], path: str) -> Any:
         ) from None
 
 
-def _first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message, cut to ``limit`` characters."""
     text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def safe_load_bytes(data: bytes, path: str = "<bytes>") -> Any:
+def safe_load_bytes(data: bytes, path: str = "<bytes>", limits: Limits | None = None) -> Any:
     """Safely load a ``torch.save`` zip archive held in memory (see :func:`safe_load`)."""
-    return _load_zip(_open_zip(data, path), path)
+    return _load_zip(_open_zip(data, path), path, len(data), limits or default_limits())
 
 
-def safe_load(path: str | os.PathLike[str]) -> Any:
+def safe_load(path: str | os.PathLike[str], limits: Limits | None = None) -> Any:
     """Load a ``torch.save`` file without executing pickled code; tensors land on the CPU.
 
-    Raises DumpError naming ``path`` (and the refused global) for unreadable, corrupt or
-    disallowed content.
+    Only regular files are read, and the work is bounded by ``limits`` (default:
+    :func:`~forge_replay.dumps.bounds.default_limits`). Raises DumpError naming ``path`` (and the
+    refused global, or the limit to raise) for unreadable, corrupt, oversized or disallowed content.
     """
     path = os.fspath(path)
+    limits = limits or default_limits()
+    with open_dump(path) as handle:
+        head = handle.read(4)
+        handle.seek(0)
+        if head != ZIP_MAGIC:
+            return _load_plain_pickle(handle.read(), path, limits)
+        return _load_zip(_open_zip(handle, path), path, os.fstat(handle.fileno()).st_size, limits)
+
+
+def open_dump(path: str) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file; DumpError otherwise (FIFOs, devices, missing)."""
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(4)
+        return open_regular(path)
     except OSError as exc:
         raise DumpError(path, f"cannot open: {exc.strerror or exc}") from None
-    if head != ZIP_MAGIC:
-        return _load_plain_pickle(path)
-    return _load_zip(_open_zip(path, path), path)
+    except ValueError as exc:
+        raise DumpError(path, str(exc)) from None
 
 
-def _load_zip(reader: Any, path: str) -> Any:
+def _load_zip(reader: Any, path: str, file_size: int, limits: Limits) -> Any:
     if not reader.has_record("data.pkl"):
         raise DumpError(path, "archive has no data.pkl record", "is this a torch.save file?")
+    try:
+        unpacked = sum(reader.get_record_size(name) for name in reader.get_all_records())
+    except Exception as exc:
+        raise DumpError(path, f"cannot list the archive: {_first_line(exc)}", "the file may be corrupt") from None
+    if unpacked > limits.max_compression_ratio * max(file_size, 4096):
+        raise DumpError(
+            path,
+            f"the archive's records unpack to {unpacked} bytes from a {file_size}-byte file "
+            f"(more than {limits.max_compression_ratio}x; torch.save does not compress)",
+            raise_hint("max_compression_ratio"),
+        )
     try:
         pickled = reader.get_record("data.pkl")
     except Exception as exc:
         raise DumpError(path, f"cannot read data.pkl: {_first_line(exc)}", "the file may be truncated") from None
-    return _unpickle(pickled, _ZipStorageReader(reader, path), path)
+    return _unpickle(pickled, _ZipStorageReader(reader, path), path, limits)
 
 
-def _load_plain_pickle(path: str) -> Any:
-    with open(path, "rb") as handle:
-        data = handle.read()
+def _load_plain_pickle(data: bytes, path: str, limits: Limits) -> Any:
     if not data or data[:1] != b"\x80":
         raise DumpError(path, "not a torch.save zip archive, a packed dump or a pickle", "check the path")
-    result = _unpickle(data, None, path)
-    if result == _LEGACY_TORCH_MAGIC:
+    result = _unpickle(data, None, path, limits)
+    if type(result) is int and result == _LEGACY_TORCH_MAGIC:
         raise DumpError(
             path,
             "legacy (pre-1.6) torch serialization is not supported",
@@ -415,7 +448,11 @@ def _load_plain_pickle(path: str) -> Any:
     return result
 
 
-def _unpickle(pickled: bytes, storage_reader: Any, path: str) -> Any:
+def _unpickle(pickled: bytes, storage_reader: Any, path: str, limits: Limits) -> Any:
+    try:
+        check_pickle(pickled, limits)
+    except BoundsError as exc:
+        raise DumpError(path, f"refused to load: {exc}") from None
     unpickler = _SafeUnpickler(io.BytesIO(pickled), storage_reader)
     try:
         return unpickler.load()
@@ -424,6 +461,7 @@ def _unpickle(pickled: bytes, storage_reader: Any, path: str) -> Any:
             path, f"refused to load: {exc}", "nothing was executed; dumps may only hold plain data and tensors"
         ) from None
     except (EOFError, pickle.UnpicklingError) as exc:
-        raise DumpError(path, f"corrupt pickle data: {exc or type(exc).__name__}", "the file may be truncated") from None
+        problem = _first_line(exc) if str(exc) else type(exc).__name__
+        raise DumpError(path, f"corrupt pickle data: {problem}", "the file may be truncated") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, MemoryError) as exc:
         raise DumpError(path, f"malformed pickle data: {type(exc).__name__}: {_first_line(exc)}") from None

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
+from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.files import load
 from forge_replay.dumps.progress import progress_bar
 from forge_replay.dumps.safe_pickle import DumpError
@@ -98,11 +99,13 @@ def verify_dumps(
     eval_interval: int = 0,
     fallback: bool = True,
     progress: bool = False,
+    limits: Limits | None = None,
 ) -> VerifyReport:
     """Check every train (and eval) dump a job reads; each distinct file is loaded once, safely.
 
     ``root`` is the PVC mount (``template`` must then be relative), or None to use ``template``
-    as a filesystem path. Raises ValueError for an invalid template or counts.
+    as a filesystem path; ``limits`` bound the work per file (default: :func:`~forge_replay.dumps.bounds.default_limits`).
+    Raises ValueError for an invalid template or counts.
     """
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
@@ -120,7 +123,7 @@ def verify_dumps(
     def check(path: str) -> tuple[int | None, str]:
         if path not in loaded:
             try:
-                loaded[path] = (len(load(path).samples), "")
+                loaded[path] = (len(load(path, limits).samples), "")
             except (DumpError, SampleError) as exc:
                 loaded[path] = (None, str(exc))
         return loaded[path]

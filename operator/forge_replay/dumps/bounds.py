@@ -1,0 +1,338 @@
+"""Bounded work for any dump file: limits derived from the file, regular files only, short quotes.
+
+A small file must not make a reader hang or exhaust memory. Before the C unpickler runs,
+:func:`check_pickle` walks the pickle's opcodes once (runs of plain numbers at regex speed) and
+simulates its stack and memo, so it knows every value's nesting depth and its size with shared
+references counted each time they are used (what hashing, printing or copying it costs). A value
+deeper than ``max_depth``, or larger than ``max_expansion`` times the pickle's own bytes (a
+memo DAG: 1.5 KB that hashes or prints as 2^40 elements), or a dict key larger than
+``max_key_bytes``, is refused before anything is built. Zip records may not decompress to more
+than ``max_compression_ratio`` times the file size (torch.save stores, never compresses), and
+tensors may not hold more elements than their storage (stride-0 expansion).
+
+Defaults are generous for real 64k-token dumps. Raise them with ``--limit NAME=VALUE`` on
+``forge-replay dumps inspect|verify|pack``, or for every reader in a process (the runtime's
+replay included) with ``FORGE_REPLAY_DUMP_LIMITS="max_depth=400,max_expansion=32"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickletools
+import re
+import reprlib
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import IO, Any
+
+ENV_VAR = "FORGE_REPLAY_DUMP_LIMITS"
+
+
+class LimitError(ValueError):
+    """A limit setting is malformed (unknown name, not a positive number)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on the work one dump may cause; every one derives from the file or is a plain count."""
+
+    max_depth: int = 100  # nesting of containers (a real sample: about 6)
+    max_expansion: int = 8  # any value's size with shared references expanded, in pickle bytes, per pickle byte
+    max_key_bytes: int = 65536  # a dict key's expanded size (hashing cost)
+    max_compression_ratio: int = 8  # zip records' total uncompressed size per byte of file
+
+    def with_overrides(self, settings: Iterable[str]) -> Limits:
+        """A copy with ``NAME=VALUE`` settings applied (positive integers); raises LimitError."""
+        names = {f.name for f in dataclasses.fields(self)}
+        changes: dict[str, int] = {}
+        for setting in settings:
+            name, sep, value = setting.partition("=")
+            name = name.strip().replace("-", "_")
+            if not sep or name not in names:
+                raise LimitError(f"{setting!r}: expected NAME=VALUE with NAME one of {', '.join(sorted(names))}")
+            try:
+                number = int(value)
+            except ValueError:
+                number = 0
+            if number < 1:
+                raise LimitError(f"{setting!r}: the value must be a positive integer")
+            changes[name] = number
+        return dataclasses.replace(self, **changes)
+
+
+def default_limits() -> Limits:
+    """The defaults, with ``$FORGE_REPLAY_DUMP_LIMITS`` (comma-separated NAME=VALUE) applied."""
+    raw = os.environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return Limits()
+    try:
+        return Limits().with_overrides(part for part in raw.split(",") if part.strip())
+    except LimitError as exc:
+        raise LimitError(f"${ENV_VAR}: {exc}") from None
+
+
+def raise_hint(name: str) -> str:
+    return f"if the file is genuine, raise it with --limit {name}=N or ${ENV_VAR}"
+
+
+# --- short quotes -----------------------------------------------------------------------------------
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 120, 80, 40
+
+
+def quote(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters, whatever a dump holds (deep, shared, huge)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a huge int's repr raises, a hostile object's repr may fail
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- regular files only ------------------------------------------------------------------------------
+
+
+def open_regular(path: str) -> IO[bytes]:
+    """Open ``path`` for reading only if it is a regular file (not a FIFO, device or socket).
+
+    The check is made on the opened descriptor, so a symlink to /dev/zero or a FIFO swapped in
+    after a check cannot block or feed a reader forever. Raises OSError (ENOENT, ...) or
+    ValueError naming the kind of file.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"not a regular file ({_kind(mode)}); dumps are read only from regular files")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+# --- the pickle pre-scan -----------------------------------------------------------------------------
+
+
+class BoundsError(Exception):
+    """The pickle would cost more than the limits allow; ``limit`` names the setting to raise."""
+
+    def __init__(self, problem: str, limit: str | None = None):
+        self.limit = limit
+        super().__init__(problem + (f" ({raise_hint(limit)})" if limit else ""))
+
+
+class _Value:
+    """What the scan knows of one pickled value: expanded size (bytes) and nesting depth."""
+
+    __slots__ = ("size", "depth")
+
+    def __init__(self, size: int, depth: int):
+        self.size = size
+        self.depth = depth
+
+
+_MARK = object()
+# Runs of plain numbers, None and bools (token ids, masks, log probs): BININT, BININT2, BINFLOAT,
+# BININT1, NONE, NEWTRUE, NEWFALSE. They are skipped at regex speed.
+_NUMBER_RUN = re.compile(rb"(?s:J....|M..|G........|K.|[N\x88\x89])++")
+_RUN_START = frozenset(b"JKMGN\x88\x89")
+# Opcodes that pop everything down to a MARK: after one of them a run's item count does not matter.
+_MARK_CONSUMERS = frozenset(b"ledut\x90\x911")
+_TWO_LINES = frozenset({"GLOBAL", "INST"})
+_MEMO_PUT, _MEMO_GET, _MEMOIZE, _MARK_OP, _POP, _POP_MARK, _DUP, _NOTHING, _IN_PLACE, _NEW, _STOP = range(11)
+
+
+def _op_table() -> dict[int, tuple[str, int, int, bool, int, int]]:
+    """opcode byte -> (name, arg kind (pickletools' n), prefix pops, pops to MARK, pushes, category)."""
+    table = {}
+    for op in pickletools.opcodes:
+        name, before = op.name, op.stack_before
+        marked = pickletools.markobject in before
+        prefix = before.index(pickletools.markobject) if marked else len(before)
+        if name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            category = _MEMO_PUT
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            category = _MEMO_GET
+        else:
+            category = {
+                "MEMOIZE": _MEMOIZE, "MARK": _MARK_OP, "POP": _POP, "POP_MARK": _POP_MARK, "DUP": _DUP,
+                "PROTO": _NOTHING, "FRAME": _NOTHING, "STOP": _STOP, "APPEND": _IN_PLACE, "APPENDS": _IN_PLACE,
+                "SETITEM": _IN_PLACE, "SETITEMS": _IN_PLACE, "ADDITEMS": _IN_PLACE, "BUILD": _IN_PLACE,
+            }.get(name, _NEW)
+        arg = 0 if op.arg is None else op.arg.n
+        table[op.code.encode("latin-1")[0]] = (name, arg, prefix, marked, len(op.stack_after), category)
+    return table
+
+
+_OPS = _op_table()
+_LENGTH_PREFIX = {-2: (1, False), -3: (4, True), -4: (4, False), -5: (8, False)}
+
+
+_WIDTHS = {ord("J"): 5, ord("M"): 3, ord("G"): 9, ord("K"): 2, ord("N"): 1, 0x88: 1, 0x89: 1}
+_CHUNK = 4096
+
+
+def _run_end(data: bytes, pos: int) -> int:
+    """End of the run of number opcodes starting at ``pos``.
+
+    A run of one opcode (log probs: BINFLOAT after BINFLOAT) is measured with a strided slice:
+    every ``width``-th byte must be that opcode, which is exactly a parse of it. Mixed runs (token
+    ids switch between BININT and BININT2) go through the regex.
+    """
+    end = len(data)
+    while pos < end:
+        code = data[pos]
+        width = _WIDTHS[code]
+        stride = data[pos : pos + width * _CHUNK : width]
+        count = len(stride) - len(stride.lstrip(stride[:1]))
+        if pos + width * count > end:  # the last opcode's argument is cut off: let the slow path say so
+            count -= 1
+        pos += width * count
+        if count == _CHUNK:
+            continue
+        if pos < end and data[pos] in _RUN_START:
+            return _NUMBER_RUN.match(data, pos).end()
+        return pos
+    return pos
+
+
+def _arg_end(data: bytes, pos: int, name: str, kind: int) -> int:
+    """Where the argument of the opcode at ``pos`` ends (pickletools' argument kinds)."""
+    start = pos + 1
+    if kind >= 0:
+        return start + kind
+    if kind == -1:  # newline-terminated text, two lines for GLOBAL and INST
+        end = data.find(b"\n", start)
+        if end >= 0 and name in _TWO_LINES:
+            end = data.find(b"\n", end + 1)
+        if end < 0:
+            raise BoundsError(f"malformed pickle: unterminated {name} argument at byte {pos}")
+        return end + 1
+    width, signed = _LENGTH_PREFIX[kind]
+    length = int.from_bytes(data[start : start + width], "little", signed=signed)
+    if length < 0:
+        raise BoundsError(f"malformed pickle: negative {name} length at byte {pos}")
+    return start + width + length
+
+
+def _memo_key(data: bytes, pos: int, end: int, kind: int) -> int:
+    if kind == -1:  # PUT / GET: decimal text
+        try:
+            return int(data[pos + 1 : end - 1])
+        except ValueError:
+            raise BoundsError(f"malformed pickle: memo key at byte {pos}") from None
+    return int.from_bytes(data[pos + 1 : end], "little")
+
+
+def check_pickle(data: bytes, limits: Limits) -> None:
+    """Refuse (BoundsError) a pickle whose values nest or expand beyond ``limits``, without building it."""
+    max_size = max(limits.max_expansion * len(data), 1 << 20)
+    max_depth, max_key = limits.max_depth, limits.max_key_bytes
+    stack: list[Any] = []
+    marks: list[int] = []  # stack positions of the MARKs
+    memo: dict[int, _Value] = {}
+    pos, end, run_end = 0, len(data), 0
+
+    def too_big(value: _Value) -> BoundsError:
+        if value.depth > max_depth:
+            return BoundsError(f"values nest deeper than {max_depth} levels", "max_depth")
+        return BoundsError(
+            f"a value expands to more than {max_size} bytes through shared references "
+            f"({limits.max_expansion}x the pickle's {len(data)} bytes)",
+            "max_expansion",
+        )
+
+    while pos < end:
+        code = data[pos]
+        if code in _RUN_START and pos >= run_end:
+            after = _run_end(data, pos)
+            if marks and after < end and data[after] in _MARK_CONSUMERS:
+                stack.append(_Value(after - pos, 0))  # one entry for the run: a mark consumer takes all
+                pos = after
+                continue
+            run_end = after  # not followed by a mark consumer: go through it opcode by opcode
+        entry = _OPS.get(code)
+        if entry is None:
+            raise BoundsError(f"malformed pickle: unknown opcode {bytes([code])!r} at byte {pos}")
+        name, kind, prefix, marked, pushes, category = entry
+        arg_end = _arg_end(data, pos, name, kind) if kind else pos + 1
+        if arg_end > end:
+            raise BoundsError(f"malformed pickle: {name} at byte {pos} runs past the end")
+        size = arg_end - pos
+        if category == _NEW and not prefix and not marked:  # a leaf: number, string, empty container, global
+            stack.append(_Value(size, 0))
+        elif category == _MEMO_PUT or category == _MEMOIZE:
+            if not stack or (marks and marks[-1] == len(stack)):
+                raise BoundsError(f"malformed pickle: memo store on an empty stack at byte {pos}")
+            key = len(memo) if category == _MEMOIZE else _memo_key(data, pos, arg_end, kind)
+            memo[key] = stack[-1]
+        elif category == _MEMO_GET:
+            value = memo.get(_memo_key(data, pos, arg_end, kind))
+            if value is None:
+                raise BoundsError(f"malformed pickle: memo key read before it is set at byte {pos}")
+            stack.append(value)
+        elif category == _MARK_OP:
+            marks.append(len(stack))
+        elif category == _POP and marks and marks[-1] == len(stack):
+            marks.pop()
+        elif category == _NOTHING:
+            pass
+        elif category == _STOP:
+            return
+        else:
+            items: list[Any] = []
+            if marked:
+                if not marks:
+                    raise BoundsError(f"malformed pickle: {name} without a MARK at byte {pos}")
+                bottom = marks.pop()
+                items = stack[bottom:]
+                del stack[bottom:]
+            floor = marks[-1] if marks else 0
+            if len(stack) - prefix < floor:
+                raise BoundsError(f"malformed pickle: stack underflow at {name}, byte {pos}")
+            popped = stack[len(stack) - prefix :] if prefix else []
+            if prefix:
+                del stack[len(stack) - prefix :]
+            if category == _IN_PLACE:
+                container, others = popped[0], popped[1:] + items
+                if name in ("SETITEM", "SETITEMS") and any(k.size > max_key for k in others[0::2]):
+                    raise BoundsError(f"a dict key expands to more than {max_key} bytes", "max_key_bytes")
+                if others:
+                    container.size += size + sum(v.size for v in others)
+                    container.depth = max(container.depth, 1 + max(v.depth for v in others))
+                    if container.size > max_size or container.depth > max_depth:
+                        raise too_big(container)
+                stack.append(container)
+            elif category == _POP or category == _POP_MARK:
+                pass
+            elif category == _DUP:
+                stack.extend(popped * 2)
+            else:
+                children = popped + items
+                if name == "DICT" and any(k.size > max_key for k in items[0::2]):
+                    raise BoundsError(f"a dict key expands to more than {max_key} bytes", "max_key_bytes")
+                value = _Value(size + sum(v.size for v in children), 1 + max((v.depth for v in children), default=-1))
+                if value.size > max_size or value.depth > max_depth:
+                    raise too_big(value)
+                stack.extend([value] * pushes)
+        pos = arg_end
+    raise BoundsError("malformed pickle: no STOP opcode")
