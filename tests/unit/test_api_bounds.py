@@ -62,6 +62,10 @@ def validate_doc(tmp_path, doc) -> tuple[int, str]:
     ({"spec__scheduling__nodeSelector": {"nvidia.com/gpu.product": "NVIDIA H200"}},
      "spec.scheduling.nodeSelector.nvidia.com/gpu.product", "value 'NVIDIA H200'"),
     ({"spec__pod__labels": {"": "x"}}, "spec.pod.labels", "key '': the name must be 1-63"),
+    ({"spec__replay__dumps__path": "run/\x00/rollout_{rollout_id}.pt"}, "spec.replay.dumps.path",
+     "must not contain a NUL character"),
+    ({"spec__replay__dumps__path": "run/" + "x" * 244 + "_{rollout_id}"}, "spec.replay.dumps.path",
+     "has a path component of 257 bytes"),
 ])
 def test_validate_refuses_what_the_api_server_refuses(tmp_path, overrides, field, fragment):
     code, out = validate_doc(tmp_path, debug_job(**overrides))

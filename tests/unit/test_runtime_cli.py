@@ -88,3 +88,13 @@ def test_synth_missing_refuses_a_million_rollouts_before_filling_the_disk(tmp_pa
     assert result.exit_code == 2, result.output
     assert "--synth-missing would write 1000000 dumps of" in result.output and "more than the 1 GiB" in result.output
     assert not list((tmp_path / "d").iterdir())  # the one dump written to measure is gone again
+
+
+def test_synth_missing_into_an_unwritable_place_says_so_without_a_traceback(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = invoke(tmp_path, doc(), "--synth-missing", "--dumps-root", str(blocker / "dumps"),
+                    "--results", str(tmp_path / "results"))
+    assert result.exit_code == 1, result.output
+    assert f"--synth-missing cannot write dumps under {blocker / 'dumps'}: " in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

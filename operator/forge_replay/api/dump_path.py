@@ -11,12 +11,16 @@ import string
 from pathlib import PurePosixPath
 
 PLACEHOLDER = "rollout_id"
+MAX_COMPONENT_BYTES = 255  # NAME_MAX of Linux file systems
+_LONGEST_ID = "eval_9999999"  # rollout and eval ids stay under 10^7 (ReplaySpec's bounds)
 
 
 def path_problem(path: str) -> str | None:
     """Return why ``path`` is not an acceptable dump path, or None when it is."""
     if not path:
         return "must not be empty"
+    if "\x00" in path:
+        return "must not contain a NUL character"
     if path.startswith("/"):
         return f"must be relative to the PVC root, not absolute ({path!r})"
     if ".." in PurePosixPath(path).parts:
@@ -32,6 +36,10 @@ def path_problem(path: str) -> str | None:
         return f"only the placeholder {{{PLACEHOLDER}}} is allowed, found {shown}"
     if any(spec or conv for spec, conv in specs):
         return f"{{{PLACEHOLDER}}} takes no format spec or conversion"
+    for part in path.replace("{" + PLACEHOLDER + "}", _LONGEST_ID).split("/"):
+        if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
+            return (f"has a path component of {len(part.encode('utf-8'))} bytes ({part[:40]!r}...) with the longest "
+                    f"rollout id; file systems allow at most {MAX_COMPONENT_BYTES}")
     return None
 
 

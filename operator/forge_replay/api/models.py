@@ -726,8 +726,9 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
     CrossFieldRule(
         "replay.dumps",
         "!self.path.startsWith('/') && !self.path.matches('(^|/)\\\\.\\\\.(/|$)') && "
-        f"self.path.matches('{_CEL_TEMPLATE_OK}')",
-        "spec.replay.dumps.path: must be relative, without '..', and its only placeholder is {rollout_id}",
+        f"self.path.matches('{_CEL_TEMPLATE_OK}') && !self.path.matches('\\\\x00|[^/]{{256,}}')",
+        "spec.replay.dumps.path: must be relative, without '..' or NUL, with components of at most 255 bytes, and "
+        "its only placeholder is {rollout_id}",
         ".path",
         _dumps_path_ok,
     ),

@@ -203,6 +203,10 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
         except _Unusable as exc:
             err(f"{file}: {exc}")
             sys.exit(EXIT_UNUSABLE)
+        except OSError as exc:
+            err(f"{file}: --synth-missing cannot write dumps under {dumps_root}: {exc.strerror or exc} "
+                f"({exc.filename or dumps_root})")
+            sys.exit(EXIT_FAILED)
     elif not Path(dumps_root).is_dir():
         err(f"{file}: dumps root {dumps_root} does not exist (spec.replay.dumps.claimName "
             f"{spec.replay.dumps.claim_name!r}); pass --dumps-root DIR, or --synth-missing to synthesize dumps")
