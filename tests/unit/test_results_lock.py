@@ -131,3 +131,21 @@ def test_synth_disk_estimate():
         "--synth-missing writes at most; lower spec.replay.numRollouts (a literal dumps.path reuses one file), "
         "or write the dumps with `forge-replay dumps synth`")
     assert "more than half of the 0.05 GiB free under /d;" in synth_disk_problem(2**20, 30, 50 * 2**20, "/d")
+
+
+def test_the_in_cluster_entry_point_fails_on_an_unwritable_results_claim_before_ray(tmp_path, capsys):
+    import ray
+
+    from forge_replay.api import parse_job
+    from forge_replay.api.runtime_config import RuntimeConfig
+    from forge_replay.runtime.__main__ import main
+    from tests.unit.spec_factory import debug_job
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    config = RuntimeConfig(job=parse_job(debug_job()), dumps_root=str(tmp_path), results_dir=str(blocker / "results"),
+                           model_root=None)
+    (tmp_path / "config.yaml").write_text(config.to_yaml())
+    assert main(["--config", str(tmp_path / "config.yaml"), "--no-progress"]) == 2
+    assert f"results folder {blocker / 'results'} is not writable" in capsys.readouterr().err
+    assert not ray.is_initialized()

@@ -2,7 +2,7 @@
 
 FILE is the runtime config the operator mounts from a ConfigMap (``RuntimeConfig``: the validated
 job plus the mount points). Joins the Ray cluster (``RAY_ADDRESS`` under a KubeRay RayJob) or starts
-a local Ray. Exit status: 0 success, 1 the run failed, 2 the config is unusable.
+a local Ray. Exit status: 0 success, 1 the run failed, 2 the config or the results folder is unusable.
 """
 
 from __future__ import annotations
@@ -30,6 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 2
+
+    from forge_replay.runtime.progress import record_result
+    from forge_replay.runtime.results import ResultsError, prepare_results
+
+    if config.results_dir:  # an unwritable results claim fails before Ray starts, not after the run trained
+        try:
+            prepare_results(config.results_dir)
+        except ResultsError as exc:
+            print(f"forge-replay: {exc}", file=sys.stderr)
+            record_result(config, "Failed", str(exc))
+            return 2
 
     import ray
 
