@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge_replay.dumps import Sample, SampleError, load
-from forge_replay.dumps.convert import grpo_advantages, to_train_data
+from forge_replay.dumps import Sample, SampleError, load, save
+from forge_replay.dumps.convert import check_samples, grpo_advantages, to_train_data
+from forge_replay.dumps.verify import verify_dumps
 from tests.unit.test_dumps_slime_format import save_debug_rollout_data, slime_samples
 
 
@@ -126,3 +129,77 @@ def test_converts_a_real_slime_dump(tmp_path):
         assert mask == expected
     assert data.rollout_log_probs == [s.rollout_log_probs for s in slime]
     assert data.truncated == [s.status.value == "truncated" for s in slime]
+
+
+# --- garbage that used to train silently (issue 19) -----------------------------------------------
+
+GARBAGE = {
+    "float token": (lambda s: setattr(s, "tokens", [0, 1.0, 2, 3, 4]), "tokens", "token 1 is 1.0 (float)"),
+    "bool token": (lambda s: setattr(s, "tokens", [0, 1, True, 3, 4]), "tokens", "token 2 is True (bool)"),
+    "digit-string token": (lambda s: setattr(s, "tokens", [0, 1, 2, "3", 4]), "tokens", "token 3 is '3' (str)"),
+    "float tensor tokens": (lambda s: setattr(s, "tokens", torch.arange(5.0)), "tokens", "token 0 is 0.0 (float)"),
+    "token 2**70": (lambda s: setattr(s, "tokens", [0, 1, 2, 3, 2**70]), "tokens", "token 4 is 1180591620717411303424"),
+    "negative token": (lambda s: setattr(s, "tokens", [0, -1, 2, 3, 4]), "tokens", "token 1 is -1"),
+    "nan log prob": (lambda s: setattr(s, "rollout_log_probs", [-0.1, float("nan"), -0.3]), "rollout_log_probs", "value 1 is nan"),
+    "+1e30 log prob": (lambda s: setattr(s, "rollout_log_probs", [1e30, -0.2, -0.3]), "rollout_log_probs", "value 0 is 1e+30"),
+    "-1e30 log prob": (lambda s: setattr(s, "rollout_log_probs", [-0.1, -0.2, -1e30]), "rollout_log_probs", "value 2 is -1e+30"),
+    "string log prob": (lambda s: setattr(s, "rollout_log_probs", [-0.1, "x", -0.3]), "rollout_log_probs", "value 1 is 'x'"),
+    "reward 10**400": (lambda s: setattr(s, "reward", 10**400), "reward", "is not a finite number"),
+    "reward inf": (lambda s: setattr(s, "reward", float("inf")), "reward", "inf is not a finite number"),
+    "bool reward": (lambda s: setattr(s, "reward", True), "reward", "True is not a finite number"),
+    "mask of 2.0": (lambda s: setattr(s, "loss_mask", [1, 2.0, 1]), "loss_mask", "holds 2.0"),
+    "rollout_id str": (lambda s: setattr(s, "rollout_id", "7"), "rollout_id", "'7' is not an int or None"),
+}
+
+
+@pytest.mark.parametrize("change, field, problem", GARBAGE.values(), ids=GARBAGE)
+def test_garbage_is_refused_naming_sample_and_field(change, field, problem):
+    samples = [_sample(group_index=0, rollout_log_probs=[-0.1, -0.2, -0.3]) for _ in range(3)]
+    change(samples[1])
+    for check in (to_train_data, check_samples):
+        with pytest.raises(SampleError) as info:
+            check(samples)
+        assert info.value.index == 1 and info.value.field == field, check
+        assert problem in str(info.value) and len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("rewards", [[1e308, 1e308], [1e308, -1e308], [-1e308, 5.0]])
+def test_rewards_that_overflow_normalization_are_refused(rewards):
+    samples = [_sample(r, group_index=0) for r in rewards] + [_sample(0.5, group_index=1), _sample(0.0, group_index=1)]
+    with pytest.raises(SampleError, match=r"sample 0, field 'reward': the rewards of its group .* overflow"):
+        to_train_data(samples)
+    samples[0].reward, samples[1].reward = 1e100, 0.0  # large but normalizable: trained as given
+    assert all(math.isfinite(a) for a in to_train_data(samples).advantages)
+
+
+def test_all_zero_loss_masks_are_counted_and_a_rollout_of_them_is_refused():
+    samples = [_sample(group_index=0, loss_mask=[0, 0, 0]), _sample(group_index=0), _sample(group_index=0, remove_sample=True)]
+    assert to_train_data(samples).masked_out == 2 and check_samples(samples) == 2
+    samples[1].loss_mask = [0, 0, 0]
+    for check in (to_train_data, check_samples):
+        with pytest.raises(SampleError, match="all 3 samples have an all-zero loss mask: nothing to train on"):
+            check(samples)
+
+
+def test_verify_refuses_garbage_and_counts_what_slime_accepts(tmp_path):
+    good = [_sample(group_index=0, rollout_log_probs=[-0.1, -0.2, -0.3]) for _ in range(2)]
+    save(tmp_path / "r_0.pt", 0, good)
+    save(tmp_path / "r_1.pt", 7, good)  # inner rollout_id 7 in rollout 1's file: slime ignores it
+    masked = [_sample(group_index=0, loss_mask=[0, 0, 0]), _sample(group_index=0)]
+    save(tmp_path / "r_2.pt", 2, masked)
+    garbage = [_sample(group_index=0, rollout_log_probs=[-0.1, -0.2, -0.3]) for _ in range(2)]
+    garbage[1].rollout_log_probs[2] = float("nan")
+    save(tmp_path / "r_3.pt", 3, garbage)
+    report = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 5)
+    statuses = [(c.rollout_id, c.status) for c in report.checks]
+    assert statuses == [(0, "ok"), (1, "ok"), (2, "ok"), (3, "unreadable"), (4, "fallback")]
+    bad = report.checks[3].message
+    assert str(tmp_path / "r_3.pt") in bad and "sample 1, field 'rollout_log_probs'" in bad and "nan" in bad
+    assert report.checks[1].rollout_id_mismatch and "rollout_id is 7, its file stands for rollout 1" in report.checks[1].message
+    assert not report.checks[4].rollout_id_mismatch  # the fallback reads rollout 0's own file
+    assert report.rollout_id_mismatches == 1 and report.masked_out == 1
+    summary = report.to_dict()
+    assert summary["rollout_id_mismatches"] == 1 and summary["masked_out_samples"] == 1 and not summary["ok"]
+    assert "1 rollout_id mismatch(es); 1 sample(s) with an all-zero loss mask" in report.summary()
+    literal = verify_dumps(str(tmp_path), "r_1.pt", 3)  # a literal path stands for every rollout: no mismatch
+    assert literal.ok and literal.rollout_id_mismatches == 0

@@ -68,6 +68,7 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
 @click.option("--eval-interval", type=click.IntRange(min=0), default=0, show_default=True, help="0 = no eval.")
 @click.option("--root", type=click.Path(file_okay=False), default=None, help="Directory the path is relative to.")
 @click.option("--no-fallback", is_flag=True, help="A missing train dump is a problem, not a fallback to rollout 0.")
+@click.option("--reward-key", default=None, help="Check dict rewards' value under this key too (replay.rewardKey).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_limit_option
 def verify(
@@ -77,10 +78,15 @@ def verify(
     eval_interval: int,
     root: str | None,
     no_fallback: bool,
+    reward_key: str | None,
     as_json: bool,
     limit_settings: tuple[str, ...],
 ) -> None:
-    """Check that every needed dump exists and loads safely. Exit 0 ok, 1 problems, 2 usage."""
+    """Check that every needed dump exists, loads safely and converts for training. Exit 0 ok, 1 problems, 2 usage.
+
+    Token ids, log probs and rewards are checked as training checks them; samples with an all-zero
+    loss mask and dumps whose rollout_id is not their file's rollout are counted in the report.
+    """
     from forge_replay.dumps.verify import verify_dumps
 
     try:
@@ -93,6 +99,7 @@ def verify(
             fallback=not no_fallback,
             progress=not as_json,
             limits=_limits(limit_settings),
+            reward_key=reward_key,
         )
     except ValueError as exc:
         _fail(str(exc), code=2)

@@ -3,6 +3,14 @@
 GRPO as slime computes it: rewards are raw in dumps; per group, subtract the group mean and
 divide by (std + 1e-6) unless disabled (std is the unbiased sample std, as ``torch.std``; a group
 of one sample has advantage 0). Every response token gets its sample's advantage.
+
+Garbage is refused here, naming the sample and field, because it would otherwise train silently
+(issue 19): token ids that are not ints in [0, 2^31) (floats, bools, digit strings), log probs
+that are not finite or outside [LOG_PROB_MIN, LOG_PROB_MAX], rewards whose group normalization
+overflows, a rollout in which no sample has a loss token. What slime itself accepts is counted
+instead: samples whose loss mask is all zeros (``remove_sample`` makes them) and a dump whose
+top-level ``rollout_id`` differs from the rollout its file stands for (slime never reads it).
+:func:`check_samples` runs the same per-sample checks for `dumps verify`.
 """
 
 from __future__ import annotations
@@ -13,9 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from forge_replay.dumps.bounds import quote
 from forge_replay.dumps.sample import Sample, SampleError
 
 STD_EPS = 1e-6
+TOKEN_ID_MAX = 2**31 - 1  # token ids are int32 on the way to the model
+# A sampled token's log probability: 0 at most (a little more for rounding), and never so negative that
+# exp(logp - old_logp) overflows in the policy ratio (e^-10000 is far below any sampled token).
+LOG_PROB_MIN, LOG_PROB_MAX = -1e4, 1e-3
 
 
 @dataclass
@@ -31,6 +44,7 @@ class TrainData:
     truncated: list[bool]
     rollout_ids: list[int | None]
     group_ids: list[int]
+    masked_out: int = 0  # samples whose loss mask is all zeros (counted: slime accepts them)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -48,6 +62,13 @@ def _tokens(sample: Sample, index: int) -> list[int]:
     tokens = _as_int_list(sample.tokens, index, "tokens")
     if not tokens:
         raise SampleError(index, "tokens", "is empty")
+    if not set(map(type, tokens)) <= {int}:
+        position, bad = next((i, t) for i, t in enumerate(tokens) if type(t) is not int)
+        raise SampleError(index, "tokens", f"token {position} is {quote(bad)} ({type(bad).__name__}); token ids are ints")
+    low, high = min(tokens), max(tokens)
+    if low < 0 or high > TOKEN_ID_MAX:
+        position, bad = next((i, t) for i, t in enumerate(tokens) if not 0 <= t <= TOKEN_ID_MAX)
+        raise SampleError(index, "tokens", f"token {position} is {quote(bad)}; token ids are in [0, 2^31)")
     return tokens
 
 
@@ -70,9 +91,9 @@ def _loss_mask(sample: Sample, index: int, response_length: int) -> list[int]:
     mask = _as_int_list(sample.loss_mask, index, "loss_mask")
     if len(mask) != response_length:
         raise SampleError(index, "loss_mask", f"has length {len(mask)}, expected response_length={response_length}")
-    if any(m not in (0, 1) for m in mask):
-        bad = next(m for m in mask if m not in (0, 1))
-        raise SampleError(index, "loss_mask", f"holds {bad!r}; only 0 and 1 are allowed")
+    if not set(map(type, mask)) <= {int, bool} or any(m not in (0, 1) for m in mask):
+        bad = next(m for m in mask if type(m) not in (int, bool) or m not in (0, 1))
+        raise SampleError(index, "loss_mask", f"holds {quote(bad)}; only 0 and 1 are allowed")
     return [int(m) for m in mask]
 
 
@@ -88,9 +109,13 @@ def _reward(sample: Sample, index: int, reward_key: str | None) -> float:
         reward = reward[reward_key]
     if hasattr(reward, "item") and not isinstance(reward, numbers.Number):
         reward = reward.item()
-    if not isinstance(reward, numbers.Real) or not math.isfinite(float(reward)):
-        raise SampleError(index, "reward", f"{reward!r} is not a finite number")
-    return float(reward)
+    try:
+        value = float(reward) if isinstance(reward, numbers.Real) and not isinstance(reward, bool) else math.nan
+    except OverflowError:  # an int like 10**400
+        value = math.nan
+    if not math.isfinite(value):
+        raise SampleError(index, "reward", f"{quote(reward)} is not a finite number")
+    return value
 
 
 def _log_probs(sample: Sample, index: int, response_length: int) -> list[float] | None:
@@ -105,7 +130,16 @@ def _log_probs(sample: Sample, index: int, response_length: int) -> list[float] 
         raise SampleError(
             index, "rollout_log_probs", f"has length {len(value)}, expected response_length={response_length}"
         )
-    return [float(v) for v in value]
+    if not set(map(type, value)) <= {float, int}:
+        position, bad = next((i, v) for i, v in enumerate(value) if type(v) not in (float, int))
+        raise SampleError(index, "rollout_log_probs", f"value {position} is {quote(bad)}; log probs are numbers")
+    values = [float(v) for v in value]
+    if values and not (LOG_PROB_MIN <= min(values) and max(values) <= LOG_PROB_MAX and math.isfinite(sum(values))):
+        position, bad = next((i, v) for i, v in enumerate(values) if not LOG_PROB_MIN <= v <= LOG_PROB_MAX)
+        raise SampleError(
+            index, "rollout_log_probs", f"value {position} is {bad!r}; log probs are in [{LOG_PROB_MIN:g}, {LOG_PROB_MAX:g}]"
+        )
+    return values
 
 
 def group_ids_for(samples: Sequence[Sample], n_samples_per_prompt: int | None) -> list[int]:
@@ -139,8 +173,15 @@ def grpo_advantages(rewards: Sequence[float], group_ids: Sequence[int], normaliz
         values = [rewards[i] for i in indices]
         mean = sum(values) / len(values)
         centered = [v - mean for v in values]
+        spread = sum(c * c for c in centered)
+        if not math.isfinite(spread):  # e.g. rewards of +-1e308: the mean or the variance overflows
+            raise SampleError(
+                indices[0],
+                "reward",
+                f"the rewards of its group ({quote([rewards[i] for i in indices])}) overflow when normalized",
+            )
         if normalize_std:
-            std = math.sqrt(sum(c * c for c in centered) / (len(values) - 1)) if len(values) > 1 else 0.0
+            std = math.sqrt(spread / (len(values) - 1)) if len(values) > 1 else 0.0
             centered = [c / (std + STD_EPS) for c in centered]
         for i, value in zip(indices, centered):
             advantages[i] = value
@@ -159,19 +200,16 @@ def to_train_data(
         raise SampleError(None, "samples", "no samples to train on")
     tokens, lengths, masks, rewards, log_probs, truncated, rollout_ids = [], [], [], [], [], [], []
     for i, sample in enumerate(samples):
-        sample_tokens = _tokens(sample, i)
-        length = _response_length(sample, i, len(sample_tokens))
+        sample_tokens, length, mask, log_prob = _checked(sample, i)
         tokens.append(sample_tokens)
         lengths.append(length)
-        masks.append(_loss_mask(sample, i, length))
+        masks.append(mask)
         rewards.append(_reward(sample, i, reward_key))
-        log_probs.append(_log_probs(sample, i, length))
+        log_probs.append(log_prob)
         truncated.append(Sample.Status(sample.status) is Sample.Status.TRUNCATED)
         rollout_ids.append(sample.rollout_id)
-    present = [lp is not None for lp in log_probs]
-    if any(present) and not all(present):
-        missing = present.index(False)
-        raise SampleError(missing, "rollout_log_probs", "is None while other samples have rollout log probs")
+    _log_probs_all_or_none(log_probs)
+    masked_out = _masked_out(masks)
     group_ids = group_ids_for(samples, n_samples_per_prompt)
     return TrainData(
         tokens=tokens,
@@ -179,8 +217,61 @@ def to_train_data(
         loss_masks=masks,
         rewards=rewards,
         advantages=grpo_advantages(rewards, group_ids, normalize_std),
-        rollout_log_probs=log_probs if all(present) else None,
+        rollout_log_probs=log_probs if all(lp is not None for lp in log_probs) else None,
         truncated=truncated,
         rollout_ids=rollout_ids,
         group_ids=group_ids,
+        masked_out=masked_out,
     )
+
+
+def _checked(sample: Sample, index: int) -> tuple[list[int], int, list[int], list[float] | None]:
+    """One sample's tokens, response length, loss mask and log probs, each checked (SampleError)."""
+    if not isinstance(sample.rollout_id, int | None) or isinstance(sample.rollout_id, bool):
+        raise SampleError(index, "rollout_id", f"{quote(sample.rollout_id)} is not an int or None")
+    tokens = _tokens(sample, index)
+    length = _response_length(sample, index, len(tokens))
+    return tokens, length, _loss_mask(sample, index, length), _log_probs(sample, index, length)
+
+
+def _log_probs_all_or_none(log_probs: list[list[float] | None]) -> None:
+    present = [lp is not None for lp in log_probs]
+    if any(present) and not all(present):
+        missing = present.index(False)
+        raise SampleError(missing, "rollout_log_probs", "is None while other samples have rollout log probs")
+
+
+def _masked_out(masks: list[list[int]]) -> int:
+    """How many samples have no loss token; SampleError when none has one (nothing would train)."""
+    count = sum(1 for mask in masks if not any(mask))
+    if masks and count == len(masks):
+        raise SampleError(None, "loss_mask", f"all {count} samples have an all-zero loss mask: nothing to train on")
+    return count
+
+
+def check_samples(samples: Sequence[Sample], reward_key: str | None = None) -> int:
+    """The per-sample checks of :func:`to_train_data`, for `dumps verify`; returns the masked-out count.
+
+    Rewards are checked when they are numbers, or dicts and ``reward_key`` is given (verify may
+    not know the key); grouping needs the job's settings and is left to training.
+    """
+    masks, log_probs = [], []
+    for i, sample in enumerate(samples):
+        _, _, mask, log_prob = _checked(sample, i)
+        masks.append(mask)
+        log_probs.append(log_prob)
+        if not isinstance(sample.reward, dict) or reward_key is not None:
+            _reward(sample, i, reward_key)
+    _log_probs_all_or_none(log_probs)
+    return _masked_out(masks)
+
+
+def rollout_id_note(inner: int, expected: int | None) -> str:
+    """A note when a dump's top-level ``rollout_id`` is not the rollout its file stands for ("" otherwise).
+
+    slime never reads that field, so the dump is not refused; verify reports and counts it, because
+    a misnamed or copied file would otherwise train in the wrong place unnoticed.
+    """
+    if expected is None or inner == expected:
+        return ""
+    return f"the dump's rollout_id is {inner}, its file stands for rollout {expected}"

@@ -1,4 +1,9 @@
-"""Check that every dump a job needs exists and loads safely, before any GPU is requested."""
+"""Check that every dump a job needs exists, loads safely and converts, before any GPU is requested.
+
+Each file goes through the same per-sample checks as training (:func:`~forge_replay.dumps.convert.check_samples`):
+garbage token ids, log probs or rewards make it unreadable, naming the file, sample and field. Samples with an
+all-zero loss mask and a top-level ``rollout_id`` that is not the file's rollout are counted and noted.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from typing import Literal
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
 from forge_replay.dumps.bounds import Limits
+from forge_replay.dumps.convert import check_samples, rollout_id_note
 from forge_replay.dumps.files import load
 from forge_replay.dumps.progress import progress_bar
 from forge_replay.dumps.safe_pickle import DumpError
@@ -39,6 +45,8 @@ class FileCheck:
     message: str = ""
     samples: int | None = None
     used_path: str | None = None  # the file actually read (the rollout-0 file on fallback)
+    masked_out: int | None = None  # samples whose loss mask is all zeros
+    rollout_id_mismatch: bool = False  # the dump's rollout_id is not the rollout its file stands for
 
     @property
     def problem(self) -> bool:
@@ -68,6 +76,16 @@ class VerifyReport:
     def problems(self) -> list[FileCheck]:
         return [c for c in self.checks if c.problem]
 
+    @property
+    def rollout_id_mismatches(self) -> int:
+        return sum(1 for c in self.checks if c.rollout_id_mismatch)
+
+    @property
+    def masked_out(self) -> int:
+        """Samples with an all-zero loss mask, over every distinct file read."""
+        seen = {c.used_path: c.masked_out or 0 for c in self.checks if c.used_path}
+        return sum(seen.values())
+
     def to_dict(self) -> dict:
         return {
             "ok": self.ok,
@@ -75,6 +93,8 @@ class VerifyReport:
             "root": self.root,
             "fallbacks": len(self.fallbacks),
             "problems": len(self.problems),
+            "rollout_id_mismatches": self.rollout_id_mismatches,
+            "masked_out_samples": self.masked_out,
             "files": [asdict(c) | {"problem": c.problem} for c in self.checks],
         }
 
@@ -83,11 +103,15 @@ class VerifyReport:
         lines = []
         for c in self.checks:
             label = f"{c.kind} {c.rollout_id}"
-            detail = f" ({c.samples} samples)" if c.samples is not None else ""
+            masked = f", {c.masked_out} with an all-zero loss mask" if c.masked_out else ""
+            detail = f" ({c.samples} samples{masked})" if c.samples is not None else ""
             note = f": {c.message}" if c.message else ""
             lines.append(f"{c.status.upper():10} {label:12} {c.path}{detail}{note}")
         verdict = "OK" if self.ok else f"{len(self.problems)} problem(s)"
-        lines.append(f"{verdict}; {len(self.fallbacks)} fallback(s) to rollout 0")
+        lines.append(
+            f"{verdict}; {len(self.fallbacks)} fallback(s) to rollout 0; {self.rollout_id_mismatches} rollout_id"
+            f" mismatch(es); {self.masked_out} sample(s) with an all-zero loss mask"
+        )
         return "\n".join(lines)
 
 
@@ -100,12 +124,13 @@ def verify_dumps(
     fallback: bool = True,
     progress: bool = False,
     limits: Limits | None = None,
+    reward_key: str | None = None,
 ) -> VerifyReport:
     """Check every train (and eval) dump a job reads; each distinct file is loaded once, safely.
 
     ``root`` is the PVC mount (``template`` must then be relative), or None to use ``template``
-    as a filesystem path; ``limits`` bound the work per file (default: :func:`~forge_replay.dumps.bounds.default_limits`).
-    Raises ValueError for an invalid template or counts.
+    as a filesystem path; ``limits`` bound the work per file (default: :func:`~forge_replay.dumps.bounds.default_limits`);
+    dict rewards are checked when ``reward_key`` is given. Raises ValueError for an invalid template or counts.
     """
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
@@ -116,17 +141,30 @@ def verify_dumps(
         raise ValueError(f"eval_interval > 0 needs a {{rollout_id}} template; {template!r} is a literal path")
 
     report = VerifyReport(template=template, root=root)
-    loaded: dict[str, tuple[int | None, str]] = {}  # path -> (samples, error)
+    loaded: dict[str, tuple[int | None, str, int | None, int | None]] = {}  # path -> (samples, error, id, masked)
     rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
     eval_ids = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
 
-    def check(path: str) -> tuple[int | None, str]:
+    def check(path: str) -> tuple[int | None, str, int | None, int | None]:
         if path not in loaded:
             try:
-                loaded[path] = (len(load(path, limits).samples), "")
-            except (DumpError, SampleError) as exc:
-                loaded[path] = (None, str(exc))
+                dump = load(path, limits)
+                masked_out = check_samples(dump.samples, reward_key)
+                loaded[path] = (len(dump.samples), "", dump.rollout_id, masked_out)
+            except SampleError as exc:
+                loaded[path] = (None, str(exc) if exc.where else f"{path}: {exc}", None, None)
+            except DumpError as exc:
+                loaded[path] = (None, str(exc), None, None)
         return loaded[path]
+
+    def record(kind, n: int, path: str, status: Status, message: str, used: str, expected: int | None) -> None:
+        samples, error, inner, masked_out = check(used)
+        if error:
+            status, message = "unreadable", error
+        note = "" if error or inner is None else rollout_id_note(inner, expected)
+        if note:
+            message = f"{message}; {note}" if message else note
+        report.checks.append(FileCheck(kind, n, path, status, message, samples, used, masked_out, bool(note)))
 
     with progress_bar(progress, num_rollouts + len(eval_ids), "verifying dumps") as advance:
         first = resolve(root, train_path(template, 0))
@@ -135,18 +173,17 @@ def verify_dumps(
             used = path
             status: Status = "ok"
             message = ""
+            expected = n if is_template(template) else None  # a literal path is every rollout's file
             if not os.path.exists(path):
                 if fallback and is_template(template) and os.path.exists(first):
                     used, status, message = first, "fallback", f"missing; rollout 0's file {first} is used instead"
+                    expected = 0
                 else:
                     hint = "" if fallback or not is_template(template) else " (fallback to rollout 0 is off)"
                     report.checks.append(FileCheck("train", n, path, "missing", f"file does not exist{hint}"))
                     advance(path)
                     continue
-            samples, error = check(used)
-            if error:
-                status, message = "unreadable", error
-            report.checks.append(FileCheck("train", n, path, status, message, samples, used))
+            record("train", n, path, status, message, used, expected)
             advance(path)
         for n in eval_ids:
             path = resolve(root, eval_path(template, n) or "")
@@ -154,8 +191,6 @@ def verify_dumps(
                 message = "file does not exist: eval replays as an empty result"
                 report.checks.append(FileCheck("eval", n, path, "missing", message))
             else:
-                samples, error = check(path)
-                status = "unreadable" if error else "ok"
-                report.checks.append(FileCheck("eval", n, path, status, error, samples, path))
+                record("eval", n, path, "ok", "", path, n)
             advance(path)
     return report
