@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _pickle
 import io
+import json
 import math
 import pickle
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from forge_replay.dumps import DumpError, load, safe_load, save
+from forge_replay.dumps import DumpError, SampleError, load, safe_load, save
 from forge_replay.dumps.packed import identical
 from forge_replay.dumps.safe_pickle import ALLOWED_GLOBALS, _SafeUnpickler
 from forge_replay.dumps.sample import Sample
@@ -233,3 +234,77 @@ def test_pack_reads_back_slime_numpy_experts_and_nan(tmp_path):
 def test_identical(a, b, same):
     assert identical(a, b) is same
     assert identical(b, a) is same
+
+
+# --- errors, not tracebacks -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["__class__", "__dict__", "to_dict", "Status", "__init__"])
+def test_extra_keys_that_would_replace_sample_attributes_are_refused(tmp_path, key):
+    dicts = [Sample(tokens=[1, 2], response_length=1, reward=1.0).to_dict() for _ in range(2)]
+    dicts[1][key] = {"tokens": [9]} if key == "__dict__" else 1
+    path = tmp_path / "extra.pt"
+    torch.save({"rollout_id": 0, "samples": dicts}, path)
+    with pytest.raises(SampleError) as info:
+        load(path)
+    assert info.value.index == 1 and info.value.field == key and str(path) in str(info.value)
+
+
+def _inspect(path, *args):
+    from forge_replay.cli import main
+
+    return CliRunner().invoke(main, ["dumps", "inspect", str(path), *args])
+
+
+@pytest.mark.parametrize("reward", [10**400, 1e200, float("nan"), "high"], ids=["10**400", "1e200", "nan", "str"])
+def test_inspect_summarizes_bad_rewards_and_names_the_problem(tmp_path, reward):
+    samples = [Sample(tokens=[1, 2, 3], response_length=1, reward=r, group_index=0) for r in (reward, 0.5, -1e200)]
+    path = tmp_path / "r.pt"
+    save(path, 0, samples)
+    result = _inspect(path, "--json")
+    assert result.exit_code == 0 and result.exception is None, result.output
+    summary = json.loads(result.stdout)
+    assert summary["samples"] == 3 and summary["reward"]["scalar"] is not None
+    problem = summary["problem"] or ""
+    if reward != 1e200:
+        assert "sample 0, field 'reward'" in problem
+    text = _inspect(path)
+    assert text.exit_code == 0 and "training" in text.stdout
+
+
+def test_huge_token_ids_pack_and_are_refused_for_training(tmp_path):
+    samples = [Sample(tokens=[1, 2**70, 3], response_length=1, reward=1.0), Sample(tokens=[4, 5], response_length=1, reward=0.0)]
+    source = tmp_path / "r.pt"
+    save(source, 0, samples)
+    result = _pack(str(source), str(tmp_path / "r.pack"))
+    assert result.exit_code == 0, result.output
+    packed = load(tmp_path / "r.pack").samples
+    assert packed[0].tokens == [1, 2**70, 3] and packed[1].tokens == [4, 5]
+    summary = json.loads(_inspect(tmp_path / "r.pack", "--json").stdout)
+    assert "sample 0, field 'tokens': token 1 is 1180591620717411303424" in summary["problem"]
+
+
+@pytest.mark.parametrize(
+    "template, problem",
+    [
+        ("bad\x00name/r_{rollout_id}.pt", "the path contains a NUL character"),
+        ("x" * 300 + "/r_{rollout_id}.pt", "a path component has 300 bytes, file systems allow 255"),
+        ("r_{rollout_id}" + "y" * 250 + ".pt", "file systems allow 255"),
+    ],
+    ids=["nul", "long-directory", "long-with-eval-id"],
+)
+def test_synth_refuses_impossible_paths_before_writing(tmp_path, template, problem):
+    from forge_replay.cli import main
+    from forge_replay.dumps.synth import write_synth_dumps
+
+    out = str(tmp_path / template)
+    with pytest.raises(OSError) as info:
+        write_synth_dumps(out, 2, 1, 1, 1, 1, eval_ids=[1])
+    assert problem in str(info.value) and len(str(info.value)) < 400
+    assert list(tmp_path.iterdir()) == []  # nothing half written
+    if "\x00" not in template:  # argv cannot hold a NUL
+        args = ["dumps", "synth", "--out", out, "--num-rollouts", "1", "--prompts", "1", "--samples-per-prompt", "1",
+                "--prompt-len", "1", "--response-len", "1"]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1 and problem in result.stderr
+        assert isinstance(result.exception, SystemExit)  # a clean exit, not an exception

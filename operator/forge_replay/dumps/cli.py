@@ -156,6 +156,8 @@ def synth(
         )
     except ValueError as exc:
         _fail(str(exc), code=2)
+    except OSError as exc:
+        _fail(f"cannot write dumps: {exc.strerror or exc} ({exc.filename or template})")
     click.echo(f"wrote {len(paths)} dump(s): {paths[0]}{' ...' if len(paths) > 1 else ''}")
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from forge_replay.dumps.bounds import quote
+
 
 class SampleError(ValueError):
     """A sample is inconsistent; the message names the sample index and the field."""
@@ -106,11 +108,14 @@ class Sample:
             raise SampleError(index, "<sample>", f"expected a dict, got {type(data).__name__}", where)
         known = {k: v for k, v in data.items() if k in _FIELD_SET}
         raw_status = known.get("status", Sample.Status.PENDING.value)
+        if not isinstance(raw_status, str | Enum):  # Status(x) hashes x: only strings get that far
+            allowed = "|".join(s.value for s in Sample.Status)
+            raise SampleError(index, "status", f"{quote(raw_status)} is not one of {allowed}", where)
         try:
             known["status"] = Sample.Status(raw_status.value if isinstance(raw_status, Enum) else raw_status)
         except ValueError:
             allowed = "|".join(s.value for s in Sample.Status)
-            raise SampleError(index, "status", f"{raw_status!r} is not one of {allowed}", where) from None
+            raise SampleError(index, "status", f"{quote(raw_status)} is not one of {allowed}", where) from None
         for name, default in (("spec_info", _spec_info_default), ("prefix_cache_info", _prefix_cache_info_default)):
             raw = known.get(name)
             if raw is None:
@@ -123,7 +128,10 @@ class Sample:
         for key, value in data.items():
             if key not in _FIELD_SET:
                 if not isinstance(key, str) or not key.isidentifier():
-                    raise SampleError(index, repr(key), "extra key is not a valid attribute name", where)
+                    raise SampleError(index, quote(key), "extra key is not a valid attribute name", where)
+                if key.startswith("__") or hasattr(cls, key):  # __class__, __dict__, to_dict, Status, ...
+                    name = key if len(key) <= 100 else key[:97] + "..."
+                    raise SampleError(index, name, f"extra key would replace Sample.{name}; it is not a data field", where)
                 setattr(sample, key, value)
         return sample
 

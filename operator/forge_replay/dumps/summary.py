@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections import Counter
 from typing import Any
 
+from forge_replay.dumps.convert import check_samples
 from forge_replay.dumps.files import Dump
-from forge_replay.dumps.sample import Sample
+from forge_replay.dumps.sample import Sample, SampleError
 
 # Optional fields reported as present when at least one sample has a non-empty value.
 OPTIONAL_FIELDS = (
@@ -31,7 +33,7 @@ def _stats(values: list[float]) -> dict[str, float] | None:
         return None
     ordered = sorted(values)
     mean = sum(ordered) / len(ordered)
-    variance = sum((v - mean) ** 2 for v in ordered) / len(ordered)
+    variance = sum((v - mean) * (v - mean) for v in ordered) / len(ordered)  # ** overflows with an error
     return {
         "min": ordered[0],
         "mean": mean,
@@ -52,11 +54,32 @@ def _present(value: Any) -> bool:
         return True
 
 
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is a real number that fits one (not a bool, not 10**400), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        return float(value)
+    except (OverflowError, ValueError):
+        return None
+
+
+def _length(value: Any) -> int | None:
+    try:
+        return len(value)
+    except TypeError:
+        return None
+
+
 def summarize(dump: Dump) -> dict[str, Any]:
-    """A JSON-ready summary of ``dump`` (what `forge-replay dumps inspect` prints)."""
+    """A JSON-ready summary of ``dump`` (what `forge-replay dumps inspect` prints).
+
+    Whatever the samples hold, this does not fail: values of the wrong type are left out of the
+    statistics, and ``problem`` holds the first error training would raise (from the same checks).
+    """
     samples = dump.samples
-    response_lengths = [s.response_length for s in samples]
-    prompt_lengths = [len(s.tokens) - s.response_length for s in samples]
+    lengths = [(_length(s.tokens), s.response_length) for s in samples]
+    good = [(n, r) for n, r in lengths if n is not None and type(r) is int]
     scalar_rewards: list[float] = []
     dict_rewards: dict[str, list[float]] = {}
     none_rewards = 0
@@ -65,12 +88,18 @@ def summarize(dump: Dump) -> dict[str, Any]:
             none_rewards += 1
         elif isinstance(s.reward, dict):
             for key, value in s.reward.items():
-                if isinstance(value, (int, float)):
-                    dict_rewards.setdefault(str(key), []).append(float(value))
-        else:
-            scalar_rewards.append(float(s.reward))
-    groups = Counter(s.group_index for s in samples)
+                if _number(value) is not None:
+                    dict_rewards.setdefault(str(key)[:100], []).append(_number(value))
+        elif _number(s.reward) is not None:
+            scalar_rewards.append(_number(s.reward))
+    group_keys = [s.group_index if type(s.group_index) is int or s.group_index is None else "invalid" for s in samples]
+    groups = Counter(g for g in group_keys if g != "invalid")
+    rollout_ids = {s.rollout_id for s in samples if type(s.rollout_id) is int or s.rollout_id is None}
     extras = sorted({name for s in samples for name in s.extra_fields()})
+    try:
+        masked_out, problem = check_samples(samples), None
+    except SampleError as exc:
+        masked_out, problem = None, str(exc)
     return {
         "path": dump.path,
         "format": "packed" if _is_packed(dump.path) else "torch",
@@ -80,21 +109,23 @@ def summarize(dump: Dump) -> dict[str, Any]:
         "groups": len([g for g in groups if g is not None]),
         "samples_without_group_index": groups.get(None, 0),
         "group_sizes": dict(sorted(Counter(n for g, n in groups.items() if g is not None).items())),
-        "sample_rollout_ids": sorted({s.rollout_id for s in samples}, key=lambda r: (r is None, r or 0)),
-        "total_tokens": sum(len(s.tokens) for s in samples),
-        "prompt_tokens": _stats([float(n) for n in prompt_lengths]),
-        "response_tokens": _stats([float(n) for n in response_lengths]),
+        "sample_rollout_ids": sorted(rollout_ids, key=lambda r: (r is None, r or 0)),
+        "total_tokens": sum(n for n, _ in good),
+        "prompt_tokens": _stats([float(n - r) for n, r in good]),
+        "response_tokens": _stats([float(r) for _, r in good]),
         "reward": {
             "scalar": _stats(scalar_rewards),
             "by_key": {key: _stats(values) for key, values in sorted(dict_rewards.items())},
             "none": none_rewards,
         },
         "status": dict(sorted(Counter(Sample.Status(s.status).value for s in samples).items())),
-        "removed_samples": sum(1 for s in samples if s.remove_sample),
+        "removed_samples": sum(1 for s in samples if s.remove_sample is True),
+        "masked_out_samples": masked_out,
         "optional_fields": {
             name: sum(1 for s in samples if _present(getattr(s, name))) for name in OPTIONAL_FIELDS
         },
         "extra_fields": extras,
+        "problem": problem,
     }
 
 
@@ -128,4 +159,7 @@ def render_text(summary: dict[str, Any]) -> str:
     present = {k: v for k, v in summary["optional_fields"].items() if v}
     lines.append(f"optional fields  {present or 'none'}")
     lines.append(f"extra fields     {summary['extra_fields'] or 'none'}")
+    if summary["masked_out_samples"]:
+        lines.append(f"all-zero loss masks: {summary['masked_out_samples']} sample(s)")
+    lines.append(f"training would refuse it: {summary['problem']}" if summary["problem"] else "training checks: ok")
     return "\n".join(lines)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import random
 from collections.abc import Iterable
 
-from forge_replay.api.dump_path import eval_path, is_template, train_path
+from forge_replay.api.dump_path import MAX_COMPONENT_BYTES, eval_path, is_template, train_path
+from forge_replay.dumps.bounds import quote
 from forge_replay.dumps.files import save
 from forge_replay.dumps.progress import progress_bar
 from forge_replay.dumps.sample import Sample
@@ -82,6 +84,8 @@ def write_synth_dumps(
     rollout_ids = list(range(start_rollout_id, start_rollout_id + num_rollouts)) if is_template(template) else [0]
     jobs: list[tuple[str, int]] = [(train_path(template, r), r) for r in rollout_ids]
     jobs += [(eval_path(template, e) or "", e) for e in eval_ids]
+    for path, _ in jobs:  # every path first: nothing is written when one of them cannot be
+        check_output_path(path)
     written = []
     with progress_bar(progress, len(jobs), "writing dumps") as advance:
         for path, rollout_id in jobs:
@@ -92,3 +96,19 @@ def write_synth_dumps(
             written.append(path)
             advance(path)
     return written
+
+
+def check_output_path(path: str) -> None:
+    """Raise OSError (as the write would, but naming the path briefly) for a path no file system takes.
+
+    A NUL character or a component over 255 bytes made ``--synth-missing`` and ``dumps synth``
+    end in a traceback; callers already report OSError.
+    """
+    if "\x00" in path:
+        raise OSError(errno.EINVAL, "the path contains a NUL character", quote(path))
+    for part in path.split("/"):
+        if len(part.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES:
+            size = len(part.encode("utf-8", "surrogateescape"))
+            raise OSError(
+                errno.ENAMETOOLONG, f"a path component has {size} bytes, file systems allow {MAX_COMPONENT_BYTES}", quote(path)
+            )
