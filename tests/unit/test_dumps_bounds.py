@@ -17,6 +17,8 @@ import zipfile
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from forge_replay.dumps import DumpError, load, safe_load, save
 from forge_replay.dumps.bounds import ENV_VAR, LimitError, Limits, check_pickle, default_limits
@@ -239,3 +241,21 @@ def test_scan_refuses_malformed_pickles(data):
 
     with pytest.raises(BoundsError, match="malformed pickle"):
         check_pickle(data, Limits())
+
+
+_plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20) | st.binary(max_size=20),
+    lambda children: st.lists(children, max_size=6)
+    | st.tuples(children, children)
+    | st.dictionaries(st.text(max_size=5) | st.integers(), children, max_size=5),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(value=_plain, protocol=st.integers(0, pickle.HIGHEST_PROTOCOL), shared=st.booleans())
+def test_scan_accepts_every_plain_pickle(value, protocol, shared):
+    """The pre-scan's stack simulation follows pickle itself: no valid plain-data pickle is refused."""
+    value = [value, value] if shared else value  # memo references too
+    data = pickle.dumps(value, protocol=protocol)
+    check_pickle(data, Limits())
