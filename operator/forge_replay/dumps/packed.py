@@ -267,13 +267,11 @@ def identical(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return list(a) == list(b) and all(identical(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        if len(a) != len(b):
+        types = list(map(type, a))
+        if len(a) != len(b) or types != list(map(type, b)):
             return False
-        try:
-            if a == b and list(map(type, a)) == list(map(type, b)):  # C-speed path for plain number lists
-                return all(not _nested(x) for x in a) or all(identical(x, y) for x, y in zip(a, b))
-        except (RuntimeError, ValueError):  # tensors or arrays inside: compare element by element
-            pass
+        if set(types) <= _SCALARS and a == b:  # C-speed path for plain number lists (NaN falls through)
+            return True
         return all(identical(x, y) for x, y in zip(a, b))
     if isinstance(a, float):
         return a == b or (math.isnan(a) and math.isnan(b))
@@ -291,5 +289,4 @@ def identical(a: Any, b: Any) -> bool:
         return False
 
 
-def _nested(value: Any) -> bool:
-    return isinstance(value, (list, tuple, dict)) or hasattr(value, "dtype")
+_SCALARS = {int, float, str, bytes, bool, type(None)}
