@@ -259,3 +259,20 @@ def test_scan_accepts_every_plain_pickle(value, protocol, shared):
     value = [value, value] if shared else value  # memo references too
     data = pickle.dumps(value, protocol=protocol)
     check_pickle(data, Limits())
+
+
+def test_one_storage_record_is_read_once(tmp_path):
+    """Referencing one record under another dtype used to read (allocate) it again each time."""
+    clean = tmp_path / "t.pt"
+    torch.save({"a": torch.zeros(4, dtype=torch.float32), "b": torch.zeros(4, dtype=torch.int32)}, clean)
+    path = tmp_path / "twice.pt"
+    with zipfile.ZipFile(clean) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("data.pkl"):
+                assert data.count(b"X\x01\x00\x00\x001") == 1
+                data = data.replace(b"X\x01\x00\x00\x001", b"X\x01\x00\x00\x000")  # b's storage key: a's record
+            dst.writestr(info.filename, data)
+    with pytest.raises(DumpError, match=r"storage record '0' is referenced as torch.float32 and torch.int32"):
+        safe_load(path)
+    assert safe_load(clean)["b"].dtype == torch.int32

@@ -329,7 +329,11 @@ class _SafeUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"malformed storage reference {quote(saved_id)}")
         dtype = storage_type.dtype
         cached = self._storages.get(key)
-        if cached is not None and cached.dtype == dtype:
+        if cached is not None:
+            # torch.save refuses to write one storage under two dtypes; re-reading it for each would let
+            # a small pickle allocate the record again and again.
+            if cached.dtype != dtype:
+                raise pickle.UnpicklingError(f"storage record {quote(key)} is referenced as {cached.dtype} and {dtype}")
             return cached
         nbytes = numel * torch._utils._element_size(dtype)
         untyped = self._storage_reader.read_storage(key, nbytes, dtype)
