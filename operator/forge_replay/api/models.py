@@ -289,7 +289,12 @@ class RolloutSpec(_Model):
     )
     engine_args: dict[str, str] = Field(
         default_factory=dict,
-        description='Extra sglang server arguments, passed as "--key value" (e.g. mem-fraction-static: "0.7").',
+        description=(
+            'Extra sglang server arguments, passed as "--key value" (e.g. mem-fraction-static: "0.7"). A key is one '
+            "of the pinned sglang's server argument names, exactly (no abbreviation, no '='), and never one "
+            'forge-replay sets (host, port, model-path, tp-size, base-gpu-id); "true" or "" passes an on/off '
+            'switch alone, "false" leaves it out.'
+        ),
     )
 
     @field_validator("engine_args", mode="before")
