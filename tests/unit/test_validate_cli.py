@@ -81,3 +81,38 @@ def test_help_for_every_command():
     for command in ("validate", "crd"):
         code, out = run(command, "--help")
         assert code == 0 and "Usage:" in out
+
+
+def test_every_problem_of_a_job_at_once(tmp_path):
+    # A field error (numRollouts) used to hide the cross-field rules (pydantic runs them only on valid fields);
+    # the API server lists its CEL rules' messages next to the schema's.
+    doc = forge_job(spec__replay__numRollouts=0, spec__replay__dumps__path="/abs/rollout_{rollout_id}.pt",
+                    spec__rollout={"numGpus": 8, "numGpusPerEngine": 3}, spec__trainer__nodes=0)
+    path = write(tmp_path, "bad.yaml", doc)
+    code, out = run("validate", path)
+    assert code == 1
+    for field in ("spec.replay.numRollouts", "spec.trainer.nodes", "spec.replay.dumps.path",
+                  "spec.rollout.numGpusPerEngine: must divide"):
+        assert f"{path}: {field}" in out, out
+
+
+def test_a_rule_over_an_invalid_field_is_not_judged(tmp_path):
+    # numGpusPerEngine is invalid itself: the divide rule cannot be judged and says nothing.
+    doc = forge_job(spec__rollout={"numGpus": 8, "numGpusPerEngine": "3"})
+    path = write(tmp_path, "bad.yaml", doc)
+    code, out = run("validate", path)
+    assert code == 1
+    assert "spec.rollout.numGpusPerEngine: input should be a valid integer" in out
+    assert "must divide" not in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_other_kinds_next_to_a_job_are_skipped_with_a_note(tmp_path):
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
+    path = write(tmp_path, "gitops.yaml", cm, debug_job())
+    code, out = run("validate", path)
+    assert code == 0, out
+    assert f"{path}[0]: skipped (kind ConfigMap, not a ForgeReplayJob)" in out and f"{path}[1]: ok" in out
+    path = write(tmp_path, "gitops-bad.yaml", cm, debug_job(spec__replay__numRollouts=0))
+    assert run("validate", path)[0] == 1
+    code, out = run("validate", "-", stdin=yaml.safe_dump_all([cm, cm]))
+    assert code == 2 and "not a ForgeReplayJob" in out

@@ -6,7 +6,14 @@ import sys
 
 import click
 
-from forge_replay.api.parse import DocumentError, DocumentInvalid, NotAForgeReplayJob, load_documents, parse_job
+from forge_replay.api.parse import (
+    DocumentError,
+    DocumentInvalid,
+    NotAForgeReplayJob,
+    load_documents,
+    other_kind,
+    parse_job,
+)
 from forge_replay.api.models import SpecInvalid
 
 EXIT_OK, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
@@ -17,7 +24,8 @@ def validate_files(files: list[str], out=None) -> int:
 
     Returns 0 when all are valid, 1 when any ForgeReplayJob is invalid (or its YAML is one the API server
     refuses: duplicate keys, an alias bomb, runaway nesting), 2 when a file cannot be read, is not YAML,
-    or holds something other than a ForgeReplayJob (2 wins over 1).
+    or holds no ForgeReplayJob (2 wins over 1). Other kinds next to a ForgeReplayJob (a GitOps folder,
+    `render | validate -`) are skipped with a note.
     """
     out = out or sys.stdout
     worst = EXIT_OK
@@ -37,8 +45,12 @@ def validate_files(files: list[str], out=None) -> int:
             print(f"{name}: holds no YAML document (expected a ForgeReplayJob)", file=out)
             worst = EXIT_UNUSABLE
             continue
+        has_job = any(other_kind(doc) is None for doc in docs)
         for index, doc in enumerate(docs):
             where = name if len(docs) == 1 else f"{name}[{index}]"
+            if has_job and other_kind(doc) is not None:
+                print(f"{where}: skipped (kind {other_kind(doc)}, not a ForgeReplayJob)", file=out)
+                continue
             try:
                 job = parse_job(doc)
             except NotAForgeReplayJob as exc:
@@ -59,8 +71,9 @@ def validate_files(files: list[str], out=None) -> int:
 def validate(files: tuple[str, ...]) -> None:
     """Check ForgeReplayJob YAML files (multi-document; `-` reads stdin) against the API rules.
 
-    Prints one line per problem as `FILE: field.path: message`. Exit status: 0 all valid,
-    1 a ForgeReplayJob is invalid, 2 a file cannot be read, is not YAML, or is not a ForgeReplayJob.
+    Prints every problem, one line each, as `FILE: field.path: message`; other kinds next to a ForgeReplayJob
+    are skipped with a note. Exit status: 0 all valid, 1 a ForgeReplayJob is invalid, 2 a file cannot be read,
+    is not YAML, or holds no ForgeReplayJob.
     """
     sys.exit(validate_files(list(files)))
 

@@ -10,7 +10,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from forge_replay.api.models import API_VERSION, KIND, ForgeReplayJob, Problem, SpecInvalid
+from forge_replay.api.models import (
+    API_VERSION,
+    CROSS_FIELD_RULES,
+    KIND,
+    ForgeReplayJob,
+    ForgeReplayJobSpec,
+    Problem,
+    SpecInvalid,
+)
 
 
 class NotAForgeReplayJob(ValueError):
@@ -219,6 +227,14 @@ def check_kind(doc: Any) -> None:
         )
 
 
+def other_kind(doc: Any) -> str | None:
+    """The kind of a Kubernetes object that is not a ForgeReplayJob (a ConfigMap in a GitOps folder), else None.
+    A mapping without a kind, or kind ForgeReplayJob with another apiVersion, is a broken job, not another kind."""
+    if isinstance(doc, dict) and isinstance(doc.get("kind"), str) and doc["kind"] and doc["kind"] != KIND:
+        return doc["kind"]
+    return None
+
+
 def parse_job(doc: Any) -> ForgeReplayJob:
     """Validate one document as a ForgeReplayJob.
 
@@ -229,7 +245,9 @@ def parse_job(doc: Any) -> ForgeReplayJob:
     try:
         return ForgeReplayJob.model_validate(doc)
     except ValidationError as exc:
-        raise SpecInvalid(problems_from(exc, ForgeReplayJob)) from None
+        problems = problems_from(exc, ForgeReplayJob)
+        problems += [p for p in rule_problems_despite(doc, exc) if p not in problems]
+        raise SpecInvalid(problems) from None
     except SpecInvalid:
         raise
     except (TypeError, ValueError, RecursionError) as exc:  # defensive: odd YAML values
@@ -319,3 +337,82 @@ def _unwrap(annotation: Any, typing: Any) -> Any:
         if origin is None or not args:
             return annotation
         annotation = args[-1] if origin is dict else args[0]
+
+
+# --------------------------------------------------------------- cross-field rules next to field errors
+
+
+class _Unchecked(Exception):
+    """A cross-field rule read a field that is itself invalid: the rule cannot be judged yet."""
+
+
+class _Invalid:
+    """Stands for an invalid field while the cross-field rules run: any use of it skips the rule.
+    (``x is None`` stays False, which is right: the field was given.)"""
+
+    def _skip(self, *_: Any, **__: Any) -> Any:
+        raise _Unchecked
+
+    __getattr__ = __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _skip
+    __bool__ = __iter__ = __len__ = __contains__ = __mod__ = __rmod__ = __int__ = _skip
+    __hash__ = None  # type: ignore[assignment]
+
+
+def rule_problems_despite(doc: Any, exc: ValidationError) -> list[Problem]:
+    """The cross-field rules' problems of a job whose fields are not all valid, as the API server lists its
+    CEL rules' messages next to the schema's: pydantic runs the rules only once every field is valid.
+
+    Every field without an error is validated on its own; a rule that reads an invalid field is skipped."""
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    bad = [tuple(e["loc"][1:]) for e in exc.errors() if e["loc"][:1] == ("spec",)]
+    if not isinstance(spec, dict) or not bad or () in bad:  # () is the rules' own error: they all ran
+        return []
+    partial = _partial(ForgeReplayJobSpec, spec, bad)
+    problems: list[Problem] = []
+    for rule in CROSS_FIELD_RULES:
+        try:
+            problems += rule.check(partial)
+        except _Unchecked:
+            continue
+    return problems
+
+
+def _partial(model: type[BaseModel], raw: dict[str, Any], bad: list[tuple[Any, ...]]) -> BaseModel:
+    """``model`` built from ``raw`` without validation of the whole: each field validated on its own,
+    ``_Invalid`` for the fields at (or, unless a model, under) an error location in ``bad``."""
+    import typing
+
+    values: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        under = [loc[1:] for loc in bad if loc[:1] == (key,)]
+        if key not in raw:
+            values[name] = _Invalid() if field.is_required() else field.get_default(call_default_factory=True)
+            continue
+        inner = _unwrap(field.annotation, typing)
+        if () not in under and under and isinstance(raw[key], dict) and isinstance(inner, type) \
+                and issubclass(inner, BaseModel):
+            values[name] = _partial(inner, raw[key], under)
+        elif under:
+            values[name] = _Invalid()
+        else:
+            try:
+                values[name] = _field_adapter(model, name).validate_python(raw[key])
+            except (ValidationError, SpecInvalid):
+                values[name] = _Invalid()
+    return model.model_construct(**values)
+
+
+_ADAPTERS: dict[tuple[type, str], Any] = {}
+
+
+def _field_adapter(model: type[BaseModel], name: str) -> Any:
+    from typing import Annotated
+
+    from pydantic import TypeAdapter
+
+    if (model, name) not in _ADAPTERS:
+        field = model.model_fields[name]
+        _ADAPTERS[model, name] = TypeAdapter(Annotated[(field.annotation, *field.metadata)] if field.metadata
+                                             else field.annotation)
+    return _ADAPTERS[model, name]
