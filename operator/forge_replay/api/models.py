@@ -187,7 +187,10 @@ class ReplaySpec(_Model):
         default=0,
         ge=0,
         le=1_000_000,
-        description="Evaluate every N rollouts from eval_N dumps (no fallback); 0 disables eval.",
+        description=(
+            "Evaluate after rollout N when (N + 1) % evalInterval == 0, as slime does, reading the eval_N dump "
+            "(no fallback): evalInterval 4 over rollouts 0-7 reads eval_3 and eval_7. 0 disables eval."
+        ),
     )
     verify: bool = Field(
         default=True,
