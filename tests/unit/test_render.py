@@ -204,6 +204,21 @@ def test_verify_command_no_fallback() -> None:
     assert "--start-rollout-id" not in command and "--eval-interval" not in command
 
 
+def test_verify_job_checks_dict_rewards_under_the_spec_reward_key(tmp_path) -> None:
+    """The verify Job reads rewards under replay.rewardKey as training does (issue 19); none without one."""
+    from forge_replay.dumps.cli import dumps
+
+    doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
+    assert "--reward-key" not in verify_command(parse_job(doc))
+    doc["spec"]["replay"]["rewardKey"] = "accuracy"
+    job = parse_job(doc)
+    verify = _by_kind(render(job, SETTINGS))[("Job", f"{job.metadata.name}-verify")]
+    command = verify["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--reward-key", "accuracy"]
+    args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
+    assert dumps.get_command(None, "verify").make_context("verify", args).params["reward_key"] == "accuracy"
+
+
 def test_spec_hash_ignores_suspend_only() -> None:
     doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
     del doc["spec"]["scheduling"]["queueName"]  # a queued job cannot be suspended by spec (Kueue owns that)

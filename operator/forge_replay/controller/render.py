@@ -146,6 +146,8 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
         command += ["--eval-interval", str(replay.eval_interval)]
     if not replay.dumps.fallback_to_first:
         command.append("--no-fallback")
+    if replay.reward_key:  # dict rewards are checked under the key training reads
+        command += ["--reward-key", replay.reward_key]
     return command
 
 
