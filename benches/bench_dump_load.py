@@ -29,6 +29,8 @@ from forge_replay.dumps import load, safe_load, save
 from forge_replay.dumps.packed import open_packed, write_packed
 from forge_replay.dumps.sample import Sample
 
+from bench_args import output_file, positive_int, writable_dir
+
 # name -> (samples, prompt_len, response_len); vocab 151k (Qwen-sized), so ids pickle as 5-byte ints.
 SIZES = {
     "30mb": (256, 1024, 11500),
@@ -121,10 +123,10 @@ def bench_size(name: str, workdir: str, repeats: int, skip_weights_only: bool) -
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=[*SIZES, "all"], default="30mb")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--skip-weights-only", action="store_true", help="weights_only=True is slow on big dumps")
-    parser.add_argument("--workdir", default=None, help="Where to write the dumps (default: a temp dir).")
-    parser.add_argument("--json", default=None, help="Also write the results to this JSON file.")
+    parser.add_argument("--workdir", type=writable_dir, default=None, help="Where to write the dumps (default: a temp dir).")
+    parser.add_argument("--json", type=output_file, default=None, help="Also write the results to this JSON file.")
     args = parser.parse_args()
     sizes = list(SIZES) if args.size == "all" else [args.size]
     with tempfile.TemporaryDirectory(dir=args.workdir) as workdir:

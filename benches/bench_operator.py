@@ -29,6 +29,8 @@ from forge_replay.controller.settings import OperatorSettings  # noqa: E402
 from tests.cluster.manager import ControlPlane, Options  # noqa: E402
 from tests.cluster.operator_harness import Api, OperatorProcess, job_doc  # noqa: E402
 
+from bench_args import positive_int  # noqa: E402
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -67,8 +69,8 @@ def per_job_breakdown(before: str, after: str, name: str, jobs: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequential", type=int, default=30, help="jobs created one at a time for latency")
-    parser.add_argument("--burst", type=int, default=200, help="jobs created at once")
+    parser.add_argument("--sequential", type=positive_int, default=30, help="jobs created one at a time for latency")
+    parser.add_argument("--burst", type=positive_int, default=200, help="jobs created at once")
     args = parser.parse_args()
 
     with ControlPlane(Options(gpu_nodes=1, cpu_nodes=0)) as plane:

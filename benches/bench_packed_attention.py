@@ -17,6 +17,8 @@ import json
 import subprocess
 import sys
 
+from bench_args import positive_int
+
 CHILD = r"""
 import json, resource, sys, time, torch
 from transformers import AutoModelForCausalLM
@@ -46,9 +48,11 @@ print(json.dumps({"seconds": seconds, "peak_rss_mib": resource.getrusage(resourc
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192, 16384])
-    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens", type=positive_int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--samples", type=positive_int, default=8)
     args = parser.parse_args()
+    if any(tokens < args.samples for tokens in args.tokens):
+        parser.error(f"--tokens must be at least --samples ({args.samples}): each sample needs a token")
     print(f"{'tokens':>7} {'attention':>10} {'fwd+bwd s':>10} {'RSS growth MiB':>15}")
     for tokens in args.tokens:
         for impl in ("sdpa", "packed"):

@@ -18,19 +18,21 @@ import sys
 import tempfile
 import time
 
+from bench_args import positive_int
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=6)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--samples-per-prompt", type=int, default=4)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--response-len", type=int, default=384)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--ranks", type=int, default=1, help="CPU trainer ranks (spec.trainer.nodes)")
-    parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--rollouts", type=positive_int, default=6)
+    parser.add_argument("--prompts", type=positive_int, default=4)
+    parser.add_argument("--samples-per-prompt", type=positive_int, default=4)
+    parser.add_argument("--prompt-len", type=positive_int, default=128)
+    parser.add_argument("--response-len", type=positive_int, default=384)
+    parser.add_argument("--hidden", type=positive_int, default=128)
+    parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--vocab", type=positive_int, default=2048)
+    parser.add_argument("--ranks", type=positive_int, default=1, help="CPU trainer ranks (spec.trainer.nodes)")
+    parser.add_argument("--micro-batch-tokens", type=positive_int, default=4096)
     parser.add_argument("--no-compare", action="store_true", help="only the prefetch run")
     args = parser.parse_args()
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from bench_args import choices_list, positive_int
+
 DOUBLE = Path(__file__).resolve().parents[1] / "tests" / "doubles" / "sglang_double.py"
 
 
@@ -62,19 +64,20 @@ def run(args: argparse.Namespace, weight_sync: str, work: Path) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--rollouts", type=int, default=4)
-    parser.add_argument("--ranks", type=int, default=1, help="CPU trainer ranks (spec.trainer.nodes)")
-    parser.add_argument("--engines", type=int, default=2)
-    parser.add_argument("--paths", default="disk,distributed")
+    parser.add_argument("--hidden", type=positive_int, default=512)
+    parser.add_argument("--layers", type=positive_int, default=8)
+    parser.add_argument("--vocab", type=positive_int, default=32000)
+    parser.add_argument("--rollouts", type=positive_int, default=4)
+    parser.add_argument("--ranks", type=positive_int, default=1, help="CPU trainer ranks (spec.trainer.nodes)")
+    parser.add_argument("--engines", type=positive_int, default=2)
+    parser.add_argument("--paths", type=choices_list(("disk", "distributed", "auto")), default="disk,distributed",
+                        help="spec.rollout.weightSync values to compare (tensor needs colocated GPUs)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-weight-sync-"))
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"{args.engines} engine(s), {args.ranks} trainer rank(s), {args.rollouts} steps")
-    for path in args.paths.split(","):
+    for path in args.paths:
         report = run(args, path, work)
         params = report["num_params"]
         seconds = [r["weight_sync_seconds"] for r in report["rollouts"]][1:] or [report["rollouts"][0]["weight_sync_seconds"]]

@@ -46,6 +46,8 @@ from pathlib import Path
 _STARTED = time.monotonic()  # torch, transformers and forge_replay are imported later: the budget counts them
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+from bench_args import existing_dir, output_dir, positive_int  # noqa: E402
 DOUBLE_DECODER = REPO / "tests" / "doubles" / "tensor_payload.py"
 BLOCKED = ("ray", "sglang")
 """Never imported on the check's path: the GPU machine has neither (and the Ray wheel cannot travel)."""
@@ -590,14 +592,14 @@ def write_document(out: Path, document: dict, figures: list[Figure]) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU (IPC through shared memory)")
-    parser.add_argument("--out", default=os.environ.get("OUT") or "results/gpu-check",
+    parser.add_argument("--out", type=output_dir, default=os.environ.get("OUT") or "results/gpu-check",
                         help="where gpu_check.json and memory.png go (default $OUT)")
-    parser.add_argument("--wheels", default=None, help="folder of carried wheels, installed when pydantic is missing")
+    parser.add_argument("--wheels", type=existing_dir, default=None, help="folder of carried wheels, installed when pydantic is missing")
     parser.add_argument("--collect-wheels", metavar="DIR", help="download the wheels a bare torch machine lacks, exit")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (for --collect-wheels)")
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS))
-    parser.add_argument("--lengths", type=int, nargs="+", help="tokens per sample of the memory check")
-    parser.add_argument("--steps", type=int, help="steps per length")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", help="tokens per sample of the memory check")
+    parser.add_argument("--steps", type=positive_int, help="steps per length")
     parser.add_argument("--receive-ipc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.receive_ipc:

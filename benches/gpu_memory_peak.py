@@ -18,6 +18,8 @@ import platform
 import sys
 import time
 
+from bench_args import non_negative_int, output_dir, positive_int
+
 QWEN3_1_7B_LIKE = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144,
     "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
@@ -27,17 +29,17 @@ QWEN3_1_7B_LIKE = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompt-len", type=int, default=1024)
-    parser.add_argument("--response-len", type=int, default=32768)
-    parser.add_argument("--samples", type=int, default=4, help="samples per rollout (prompts x 1)")
-    parser.add_argument("--rollouts", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=QWEN3_1_7B_LIKE["num_hidden_layers"])
-    parser.add_argument("--gpus", type=int, default=0, help="trainer GPUs (default: all visible)")
-    parser.add_argument("--micro-batch-tokens", type=int, default=0, help="default: one sample per micro-batch")
+    parser.add_argument("--prompt-len", type=positive_int, default=1024)
+    parser.add_argument("--response-len", type=positive_int, default=32768)
+    parser.add_argument("--samples", type=positive_int, default=4, help="samples per rollout (prompts x 1)")
+    parser.add_argument("--rollouts", type=positive_int, default=3)
+    parser.add_argument("--layers", type=positive_int, default=QWEN3_1_7B_LIKE["num_hidden_layers"])
+    parser.add_argument("--gpus", type=non_negative_int, default=0, help="trainer GPUs (default: all visible)")
+    parser.add_argument("--micro-batch-tokens", type=non_negative_int, default=0, help="default: one sample per micro-batch")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--snapshot", action="store_true", help="also write a CUDA memory snapshot per rank")
-    parser.add_argument("--out", default=os.environ.get("OUT", "results/gpu-memory-peak"))
+    parser.add_argument("--out", type=output_dir, default=os.environ.get("OUT", "results/gpu-memory-peak"))
     args = parser.parse_args()
 
     import torch
