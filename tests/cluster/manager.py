@@ -347,10 +347,33 @@ class ControlPlane:
             f"--service-account-signing-key-file={self.sa_keys.key}",
             "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false",
             "--endpoint-reconciler-type=none", f"--disable-admission-plugins={','.join(disabled)}", "--v=1",
+            f"--audit-policy-file={self._audit_policy()}", f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json", "--audit-log-mode=blocking",
         ]
         apiserver = self._launch("kube-apiserver", argv)
         _wait("kube-apiserver /readyz", lambda: self._admin_get("/readyz")[0] == 200, timeout=120,
               component=apiserver, interval=0.3)
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: one JSON line per list/watch of the kinds the operator watches."""
+        return self.log_dir / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        """Record (at Metadata level: URI with its labelSelector, user) every list and watch of ConfigMaps,
+        Jobs and RayJobs, so tests can check which selectors clients send; nothing else is recorded."""
+        policy = {
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "Metadata", "verbs": ["list", "watch"],
+                 "resources": [{"group": "", "resources": ["configmaps"]}, {"group": "batch", "resources": ["jobs"]},
+                               {"group": "ray.io", "resources": ["rayjobs"]}]},
+                {"level": "None"},
+            ],
+        }
+        path = self.workdir / "audit-policy.json"
+        path.write_text(json.dumps(policy))
+        return path
 
     def _install_crds(self) -> None:
         """KubeRay's CRDs must install; the project's CRD is reported (``project_crd_error``) if refused,

@@ -337,10 +337,12 @@ class Reconciler:
         if same_status(previous, status):
             return status
         self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": status}, status=True)
+        phase = status["phase"]
+        failed_now = phase_changed(previous, status) and phase == "Failed"
         if phase_changed(previous, status):
-            phase = status["phase"]
-            self._event(body, phase, status.get("message") or phase, warning=phase == "Failed")
-        elif new_warning(previous, status):  # a refused change or an API error, once per cause and generation
+            self._event(body, phase, status.get("message") or phase, warning=failed_now)
+        # A refusal or an API error: one Warning per cause and generation (a new failure has its own above).
+        if new_warning(previous, status) and not failed_now:
             stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
             self._event(body, stalled["reason"], stalled["message"], warning=True)
         return status
