@@ -203,3 +203,22 @@ def test_verify_refuses_garbage_and_counts_what_slime_accepts(tmp_path):
     assert "1 rollout_id mismatch(es); 1 sample(s) with an all-zero loss mask" in report.summary()
     literal = verify_dumps(str(tmp_path), "r_1.pt", 3)  # a literal path stands for every rollout: no mismatch
     assert literal.ok and literal.rollout_id_mismatches == 0
+
+
+def test_verify_reads_rewards_under_the_job_keys(tmp_path):
+    """With the job's keys (`forge-replay run`), a dict reward without replay.rewardKey is refused; eval dumps are read
+    under evalRewardKey (slime reports eval rewards under their own key)."""
+    train = [_sample({"acc": 1.0}, group_index=0), _sample({"acc": 0.0}, group_index=0)]
+    save(tmp_path / "r_0.pt", 0, train)
+    save(tmp_path / "r_eval_0.pt", 0, [_sample({"pass": 1.0})])
+    assert verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1).ok  # the key is not known: dict rewards pass
+    keyless = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, all_rewards=True)
+    assert not keyless.ok and "sample 0, field 'reward': is a dict (keys ['acc']); set replay.rewardKey" in (
+        keyless.checks[0].message)
+    both = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1, reward_key="acc", all_rewards=True,
+                        eval_reward_key="pass")
+    assert both.ok, both.summary()
+    train_key_for_eval = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1, reward_key="acc",
+                                      all_rewards=True)
+    (problem,) = train_key_for_eval.problems
+    assert problem.kind == "eval" and "sample 0, field 'reward': has no key 'acc'" in problem.message

@@ -61,6 +61,43 @@ def test_verify_refuses_a_missing_dump_before_ray_starts(tmp_path):
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize(("reward_key", "problem"), [
+    (None, "is a dict (keys ['accuracy', 'format']); set replay.rewardKey"),
+    ("score", "has no key 'score' (keys ['accuracy', 'format'])"),
+])
+def test_verify_refuses_dict_rewards_the_reward_key_cannot_read_before_ray_starts(tmp_path, reward_key, problem):
+    """Rewards are checked under spec.replay.rewardKey as training reads them, before Ray starts (issue 19)."""
+    import ray
+
+    from forge_replay.api.runtime_config import RuntimeConfig
+    from forge_replay.dumps import save
+    from forge_replay.dumps.synth import synth_samples
+    from forge_replay.runtime.driver import ReplayRunError, preflight
+
+    samples = synth_samples(0, 2, 2, prompt_len=4, response_len=6, seed=0, vocab_size=128)
+    for sample in samples:
+        sample.reward = {"accuracy": 1.0, "format": 0.5}
+    samples[3].reward = {"format": 0.5} if reward_key else samples[3].reward
+    save(tmp_path / "rollout_0.pt", 0, samples)
+    document = doc(num_rollouts=1)
+    if reward_key:
+        document["spec"]["replay"]["rewardKey"] = reward_key
+    result = invoke(tmp_path, document, "--dumps-root", str(tmp_path), "--results", str(tmp_path / "out"))
+    assert result.exit_code == 1, result.output
+    assert "dump verification failed" in result.output and "train 0" in result.output
+    assert f"{tmp_path / 'rollout_0.pt'}: sample 0, field 'reward': {problem}" in result.output
+    assert not ray.is_initialized()
+    # the key every sample has passes the same pre-flight; the one a sample lacks is named with its index
+    good = parse_job(document | {"spec": document["spec"] | {"replay": document["spec"]["replay"] | {"rewardKey": "format"}}})
+    config = RuntimeConfig(job=good, dumps_root=str(tmp_path), results_dir=str(tmp_path / "out"), model_root=None)
+    assert preflight(config).vocab_size == 128
+    if reward_key:
+        config.job.spec.replay.reward_key = "accuracy"
+        with pytest.raises(ReplayRunError, match=r"sample 3, field 'reward': has no key 'accuracy'"):
+            preflight(config)
+    assert not ray.is_initialized()
+
+
 def test_synth_missing_writes_dumps_only_when_none_exist(tmp_path):
     job = parse_job(doc(num_rollouts=3))
     messages = []

@@ -249,18 +249,19 @@ def _masked_out(masks: list[list[int]]) -> int:
     return count
 
 
-def check_samples(samples: Sequence[Sample], reward_key: str | None = None) -> int:
+def check_samples(samples: Sequence[Sample], reward_key: str | None = None, *, all_rewards: bool = False) -> int:
     """The per-sample checks of :func:`to_train_data`, for `dumps verify`; returns the masked-out count.
 
     Rewards are checked when they are numbers, or dicts and ``reward_key`` is given (verify may
-    not know the key); grouping needs the job's settings and is left to training.
+    not know the key); ``all_rewards`` says ``reward_key`` is the job's own, so a dict reward without
+    one is refused as training refuses it. Grouping needs the job's settings and is left to training.
     """
     masks, log_probs = [], []
     for i, sample in enumerate(samples):
         _, _, mask, log_prob = _checked(sample, i)
         masks.append(mask)
         log_probs.append(log_prob)
-        if not isinstance(sample.reward, dict) or reward_key is not None:
+        if all_rewards or not isinstance(sample.reward, dict) or reward_key is not None:
             _reward(sample, i, reward_key)
     _log_probs_all_or_none(log_probs)
     return _masked_out(masks)

@@ -125,12 +125,16 @@ def verify_dumps(
     progress: bool = False,
     limits: Limits | None = None,
     reward_key: str | None = None,
+    all_rewards: bool = False,
+    eval_reward_key: str | None = None,
 ) -> VerifyReport:
     """Check every train (and eval) dump a job reads; each distinct file is loaded once, safely.
 
     ``root`` is the PVC mount (``template`` must then be relative), or None to use ``template``
     as a filesystem path; ``limits`` bound the work per file (default: :func:`~forge_replay.dumps.bounds.default_limits`);
-    dict rewards are checked when ``reward_key`` is given. Raises ValueError for an invalid template or counts.
+    dict rewards are checked when ``reward_key`` is given, and refused without one when ``all_rewards`` says it is
+    the job's own (``forge-replay run``); eval dumps' dict rewards are checked under ``eval_reward_key or reward_key``
+    when there is one. Raises ValueError for an invalid template or counts.
     """
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
@@ -145,11 +149,14 @@ def verify_dumps(
     rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
     eval_ids = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
 
-    def check(path: str) -> tuple[int | None, str, int | None, int | None]:
+    def check(path: str, kind: str) -> tuple[int | None, str, int | None, int | None]:
         if path not in loaded:
             try:
                 dump = load(path, limits)
-                masked_out = check_samples(dump.samples, reward_key)
+                if kind == "train":
+                    masked_out = check_samples(dump.samples, reward_key, all_rewards=all_rewards)
+                else:  # slime reads eval rewards under their own key
+                    masked_out = check_samples(dump.samples, eval_reward_key or reward_key)
                 loaded[path] = (len(dump.samples), "", dump.rollout_id, masked_out)
             except SampleError as exc:
                 loaded[path] = (None, str(exc) if exc.where else f"{path}: {exc}", None, None)
@@ -158,7 +165,7 @@ def verify_dumps(
         return loaded[path]
 
     def record(kind, n: int, path: str, status: Status, message: str, used: str, expected: int | None) -> None:
-        samples, error, inner, masked_out = check(used)
+        samples, error, inner, masked_out = check(used, kind)
         if error:
             status, message = "unreadable", error
         note = "" if error or inner is None else rollout_id_note(inner, expected)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side, plan_weight_sync
-from forge_replay.runtime.report import RunReport, combine_rank_results, memory_peak, summarize
+from forge_replay.runtime.report import RunReport, combine_rank_results, memory_peak, progress_memory, summarize
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,6 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from forge_replay.api.models import MemoryPeak
     from forge_replay.api.progress import ProgressReport
     from forge_replay.dumps.verify import eval_rollout_ids
     from forge_replay.runtime.placement import place_trainer
@@ -128,11 +127,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
 
     def publish(completed: int) -> None:
-        peak = memory_peak(report.rollouts)
         publisher.publish(ProgressReport(
-            completed=completed, total=len(rollout_ids),
-            memory=MemoryPeak(peak_allocated_gib=peak["peak_allocated_gib"], peak_reserved_gib=peak["peak_reserved_gib"],
-                              rank=peak["rank"]) if peak else None,
+            completed=completed, total=len(rollout_ids), memory=progress_memory(memory_peak(report.rollouts)),
             fallbacks=sum(r.fallback_used for r in report.rollouts),
         ))
 
@@ -282,13 +278,15 @@ class ReportSaver:
 
 
 def verify_or_raise(config) -> None:
-    """Every needed dump exists and loads safely, before any trainer is placed."""
+    """Every needed dump exists, loads safely and converts as training converts it (rewards under the job's
+    ``replay.rewardKey``: a dict reward without one, or without that key, is refused), before any trainer is placed."""
     from forge_replay.dumps.verify import verify_dumps
 
     replay = config.job.spec.replay
     result = verify_dumps(
         config.dumps_root, replay.dumps.path, replay.num_rollouts, start_rollout_id=replay.start_rollout_id,
         eval_interval=replay.eval_interval, fallback=replay.dumps.fallback_to_first,
+        reward_key=replay.reward_key, all_rewards=True, eval_reward_key=replay.eval_reward_key,
     )
     if not result.ok:
         raise ReplayRunError(
