@@ -84,7 +84,7 @@ def main() -> int:
             print(f"prefetch={'on ' if prefetch else 'off'}: time to first step {s['time_to_first_step_seconds']:.1f}s, "
                   f"step {steady_step / len(steady):.2f}s, data wait {1000 * steady_wait / len(steady):.1f} ms/step "
                   f"= {100 * steady_wait / (steady_wait + steady_step):.2f}% of step time (after step 0), "
-                  f"{s['tokens_per_second']:.0f} tokens/s, peak RSS {s['memory_peak']['peak_allocated_gib']:.2f} GiB")
+                  f"{s['tokens_per_second']:.0f} tokens/s, peak RSS {s['memory_peak']['peak_rss_gib']:.2f} GiB")
     finally:
         ray.shutdown()
     return 0

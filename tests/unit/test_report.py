@@ -58,7 +58,7 @@ def test_summary_counts_fallbacks_and_finds_the_peak_rank_and_step():
     s = make_report().summary
     assert s["fallbacks"] == 1 and s["fallback_rollout_ids"] == [1]
     assert s["memory_peak"]["rank"] == 0 and s["memory_peak"]["step"] == 1
-    assert s["memory_peak"]["peak_allocated_gib"] == 4.0
+    assert s["memory_peak"]["peak_rss_gib"] == 4.0
     assert s["data_wait_share"] == pytest.approx(0.03 / 3.03)
     assert s["tokens_per_second"] == pytest.approx(240 / 3.0)
     assert s["all_losses_finite"] and s["evals_missing"] == 1
@@ -66,7 +66,34 @@ def test_summary_counts_fallbacks_and_finds_the_peak_rank_and_step():
 
 def test_gpu_peaks_use_allocated_and_report_reserved():
     peak = memory_peak(make_report(on_gpu=True).rollouts)
+    assert peak["source"] == "cuda" and peak["peak_rss_gib"] is None
     assert peak["peak_allocated_gib"] == 4.0 and peak["peak_reserved_gib"] == 5.0
+
+
+def test_cpu_peak_is_named_rss_never_cuda_allocated(tmp_path):
+    # On CPU the figure is the process's peak RSS: it was stored (and shown) as peak allocated.
+    from rich.console import Console
+
+    report = make_report()
+    peak = report.summary["memory_peak"]
+    assert peak["source"] == "rss" and peak["peak_rss_gib"] == 4.0
+    assert peak["peak_allocated_gib"] is None and peak["peak_reserved_gib"] is None
+    console = Console(record=True, width=140)
+    console.print(render_table(report))
+    text = console.export_text()
+    assert "RSS GiB (rank)" in text and "peak RSS 4.00 GiB on rank 0 at step 1" in text
+    assert "alloc" not in text.lower()
+
+
+def test_gpu_table_names_cuda_allocated_and_reserved():
+    from rich.console import Console
+
+    report = make_report(on_gpu=True)
+    console = Console(record=True, width=140)
+    console.print(render_table(report))
+    text = console.export_text()
+    assert "CUDA alloc GiB (rank)" in text
+    assert "peak CUDA allocated 4.00 GiB on rank 0 at step 1 (reserved 5.00 GiB)" in text
 
 
 def test_non_finite_losses_are_flagged():

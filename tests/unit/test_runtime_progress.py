@@ -56,3 +56,18 @@ def test_the_result_is_recorded_even_without_earlier_progress(tmp_path):
     record_result(_config(tmp_path / "fresh"), "Succeeded")
     report = ProgressReport.model_validate_json((tmp_path / "fresh" / "progress.json").read_text())
     assert report.result.phase == "Succeeded" and report.completed == 0 and report.total >= 1
+
+
+def test_progress_names_what_the_memory_figure_measures(tmp_path):
+    # On CPU the peak is RSS: progress.json (and so the status) said peakAllocatedGiB.
+    from tests.unit.test_report import make_report
+
+    from forge_replay.runtime.report import memory_peak, progress_memory
+
+    publisher = ProgressPublisher(str(tmp_path))
+    publisher.publish(ProgressReport(completed=3, total=3, memory=progress_memory(memory_peak(make_report().rollouts))))
+    data = json.loads((tmp_path / "progress.json").read_text())
+    assert data["memory"] == {"source": "rss", "peakRssGiB": 4.0, "rank": 0}
+    gpu = progress_memory(memory_peak(make_report(on_gpu=True).rollouts)).model_dump(by_alias=True, exclude_none=True)
+    assert gpu == {"source": "cuda", "peakAllocatedGiB": 4.0, "peakReservedGiB": 5.0, "rank": 0}
+    assert progress_memory(None) is None

@@ -839,15 +839,23 @@ class RolloutProgress(_Model):
 
 
 class MemoryPeak(_Model):
-    """The highest GPU memory peak over all ranks and steps."""
+    """The highest memory peak over all ranks and steps, named by what it measures (``source``)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
+    source: Literal["cuda", "rss"] | None = Field(
+        default=None,
+        description="What the figures measure: cuda (torch's peak CUDA memory allocated and reserved, on GPUs) or "
+        "rss (the trainer process's peak resident set size, on CPU: peakRssGiB, no CUDA figures).",
+    )
     peak_allocated_gib: float | None = Field(
-        default=None, alias="peakAllocatedGiB", description="Peak allocated memory (GiB)."
+        default=None, alias="peakAllocatedGiB", description="Peak CUDA memory allocated (GiB); GPU runs only."
     )
     peak_reserved_gib: float | None = Field(
-        default=None, alias="peakReservedGiB", description="Peak reserved memory (GiB)."
+        default=None, alias="peakReservedGiB", description="Peak CUDA memory reserved (GiB); GPU runs only."
+    )
+    peak_rss_gib: float | None = Field(
+        default=None, alias="peakRssGiB", description="Peak resident set size of the trainer process (GiB); CPU runs."
     )
     rank: int | None = Field(default=None, description="The trainer rank that reached the peak.")
 
@@ -875,7 +883,7 @@ class ForgeReplayJobStatus(_Model):
     ray_job_name: str | None = Field(default=None, description="The KubeRay RayJob running the replay.")
     ray_cluster_name: str | None = Field(default=None, description="The RayCluster KubeRay created.")
     rollouts: RolloutProgress | None = Field(default=None, description="Rollouts completed out of the total.")
-    memory: MemoryPeak | None = Field(default=None, description="GPU memory peak published by the runtime.")
+    memory: MemoryPeak | None = Field(default=None, description="Memory peak published by the runtime (source says what it measures).")
     fallbacks: int | None = Field(default=None, description="Rollouts trained from rollout 0's file (fallback).")
     start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the job finished (RFC 3339).")

@@ -111,11 +111,25 @@ def headline_gib(memory: dict) -> float:
     return allocated if allocated is not None else memory["peak_rss_gib"]
 
 
-def memory_peak(records: list[RolloutRecord]) -> dict | None:
-    """The highest per-rank peak over all steps: {peak_allocated_gib, peak_reserved_gib, rank, step}.
+def memory_source(memory: dict) -> str:
+    """What a rank's figures measure: ``cuda`` (torch's peak allocated / reserved) or ``rss`` (the process's
+    peak resident set size, on CPU)."""
+    return "cuda" if memory.get("peak_allocated_gib") is not None else "rss"
 
-    On CPU (no CUDA figures) peak_allocated_gib carries the peak RSS and peak_reserved_gib is None.
-    """
+
+MEMORY_LABELS = {"cuda": "peak CUDA allocated", "rss": "peak RSS"}
+"""How the summary line names each source's headline figure."""
+
+
+def peak_gib(peak: dict) -> float:
+    """The headline figure of a ``memory_peak`` summary: CUDA allocated, or RSS on CPU."""
+    return peak["peak_allocated_gib"] if peak["source"] == "cuda" else peak["peak_rss_gib"]
+
+
+def memory_peak(records: list[RolloutRecord]) -> dict | None:
+    """The highest per-rank peak over all steps, named by what it measures: ``source`` is ``cuda`` (then
+    peak_allocated_gib and peak_reserved_gib) or ``rss`` on CPU (then peak_rss_gib; the CUDA figures are None).
+    Also rank, step and device."""
     best = None
     for record in records:
         for mem in record.memory:
@@ -124,13 +138,26 @@ def memory_peak(records: list[RolloutRecord]) -> dict | None:
     if best is None:
         return None
     step, mem = best
+    source = memory_source(mem)
     return {
-        "peak_allocated_gib": headline_gib(mem),
+        "source": source,
+        "peak_allocated_gib": mem.get("peak_allocated_gib"),
         "peak_reserved_gib": mem.get("peak_reserved_gib"),
+        "peak_rss_gib": mem["peak_rss_gib"] if source == "rss" else None,
         "rank": mem["rank"],
         "step": step,
         "device": mem["device"],
     }
+
+
+def progress_memory(peak: dict | None):
+    """The ``memory_peak`` summary as progress.json and the status carry it (``MemoryPeak``), or None."""
+    from forge_replay.api.models import MemoryPeak
+
+    if not peak:
+        return None
+    return MemoryPeak(source=peak["source"], peak_allocated_gib=peak["peak_allocated_gib"],
+                      peak_reserved_gib=peak["peak_reserved_gib"], peak_rss_gib=peak["peak_rss_gib"], rank=peak["rank"])
 
 
 def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_first_step: float | None) -> dict:
@@ -183,13 +210,13 @@ def write_plot(report: RunReport, directory: Path) -> Path | None:
 
     steps = [r.step for r in report.rollouts]
     fig, (ax_mem, ax_loss) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, height_ratios=[2, 1])
-    on_gpu = report.rollouts[0].memory[0].get("peak_allocated_gib") is not None
+    on_gpu = memory_source(report.rollouts[0].memory[0]) == "cuda"
     for rank in range(report.world_size):
         per_step = [next(m for m in r.memory if m["rank"] == rank) for r in report.rollouts]
         line = ax_mem.plot(steps, [headline_gib(m) for m in per_step], marker="o", label=f"rank {rank}")[0]
         if on_gpu:
             ax_mem.plot(steps, [m["peak_reserved_gib"] for m in per_step], linestyle="--", color=line.get_color())
-    ax_mem.set_ylabel("peak allocated GiB (dashed: reserved)" if on_gpu else "peak RSS GiB (CPU)")
+    ax_mem.set_ylabel("peak CUDA allocated GiB (dashed: reserved)" if on_gpu else "peak RSS GiB (CPU, not CUDA)")
     ax_mem.set_title(f"{report.job}: {report.mode} replay, {report.world_size} rank(s) on {report.device}")
     ax_mem.grid(alpha=0.3)
     ax_mem.legend(loc="best", fontsize="small", ncol=max(1, report.world_size // 8))
@@ -241,10 +268,10 @@ def render_table(report: RunReport):
     from rich.table import Table
     from rich.text import Text
 
-    on_gpu = bool(report.rollouts) and report.rollouts[0].memory[0].get("peak_allocated_gib") is not None
+    on_gpu = bool(report.rollouts) and memory_source(report.rollouts[0].memory[0]) == "cuda"
     table = Table(title=f"{report.job}: {report.mode} replay on {report.world_size} x {report.device}")
     for name in ("step", "rollout", "loss", "tokens", "step s", "wait s",
-                 "peak GiB (rank)" if on_gpu else "peak RSS GiB (rank)", "fallback"):
+                 "CUDA alloc GiB (rank)" if on_gpu else "RSS GiB (rank)", "fallback"):
         table.add_column(name, justify="right" if name not in ("fallback",) else "center")
     for r in report.rollouts:
         top = max(r.memory, key=headline_gib)
@@ -258,7 +285,8 @@ def render_table(report: RunReport):
     lines = [
         f"rollouts {s.get('rollouts', 0)}, fallbacks {s.get('fallbacks', 0)}"
         + (f" (rollouts {s['fallback_rollout_ids']} trained on rollout 0's dump)" if s.get("fallbacks") else ""),
-        f"peak memory {peak.get('peak_allocated_gib', 0):.2f} GiB on rank {peak.get('rank')} at step {peak.get('step')}"
+        f"{MEMORY_LABELS[peak['source']]} {peak_gib(peak):.2f} GiB on rank {peak.get('rank')} at step {peak.get('step')}"
+        + (f" (reserved {peak['peak_reserved_gib']:.2f} GiB)" if peak.get("peak_reserved_gib") is not None else "")
         if peak else "peak memory: none recorded",
         f"tokens/s {s.get('tokens_per_second', 0):.0f}, data-wait share {100 * s.get('data_wait_share', 0):.2f}%, "
         f"time to first step {s.get('time_to_first_step_seconds') or 0:.1f}s",
