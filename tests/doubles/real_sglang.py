@@ -6,8 +6,8 @@ by ``scripts/test`` with ``--no-deps``), and three of its parts run here:
   function ``python -m sglang.launch_server`` calls on its argv;
 - its weight-group helper: :func:`init_weight_group` is ``sglang.srt.utils.init_custom_process_group``, which an
   engine calls on ``/init_weights_update_group``
-  (``python/sglang/srt/model_executor/model_runner_components/weight_updater.py``, 0.5.23; ``model_runner.py`` in
-  0.5.19); over gloo it runs on CPU;
+  (``python/sglang/srt/model_executor/model_runner_components/weight_updater.py``, 0.5.23; the helper itself is in
+  ``python/sglang/srt/utils/common.py``, re-exported by ``sglang.srt.utils``); over gloo it runs on CPU;
 - its HTTP app and request classes (``sglang.srt.entrypoints.http_server``, ``sglang.srt.managers.io_struct``),
   which the conformance tests import directly.
 
