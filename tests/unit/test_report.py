@@ -81,7 +81,7 @@ def test_cpu_peak_is_named_rss_never_cuda_allocated(tmp_path):
     console = Console(record=True, width=140)
     console.print(render_table(report))
     text = console.export_text()
-    assert "RSS GiB (rank)" in text and "peak RSS 4.00 GiB on rank 0 at step 1" in text
+    assert "RSS GiB (rank)" in text and "peak RSS 4.00 GiB on rank 0 at rollout 1" in text
     assert "alloc" not in text.lower()
 
 
@@ -92,8 +92,8 @@ def test_gpu_table_names_cuda_allocated_and_reserved():
     console = Console(record=True, width=140)
     console.print(render_table(report))
     text = console.export_text()
-    assert "CUDA alloc GiB (rank)" in text
-    assert "peak CUDA allocated 4.00 GiB on rank 0 at step 1 (reserved 5.00 GiB)" in text
+    assert "CUDA GiB (rank)" in text
+    assert "peak CUDA allocated 4.00 GiB on rank 0 at rollout 1 (reserved 5.00 GiB)" in text
 
 
 def test_non_finite_losses_are_flagged():
@@ -129,3 +129,17 @@ def test_engines_line_names_the_sync_path_and_says_when_versions_went_unconfirme
     assert "weight versions 1..2 (distributed)" in line and "unconfirmed" not in line
     engines["unsupported_endpoints"] = ["/get_weight_version"]
     assert "unconfirmed: no /get_weight_version" in engines_line(engines)
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_the_table_fits_80_columns(on_gpu):
+    from rich.console import Console
+
+    report = make_report(on_gpu=on_gpu)
+    report.rollouts[0].loss, report.rollouts[0].tokens, report.rollouts[0].step_seconds = -0.123456, 1048576, 999.99
+    console = Console(record=True, width=80)
+    console.print(render_table(report))
+    table = console.export_text().split("rollouts 3,")[0]
+    rows = [line for line in table.splitlines() if line.strip()]
+    assert max(len(line) for line in rows) <= 80
+    assert len(rows) == 1 + 1 + 1 + len(report.rollouts), table  # title, one header line, rule, one line per step

@@ -269,14 +269,16 @@ def render_table(report: RunReport):
     from rich.text import Text
 
     on_gpu = bool(report.rollouts) and memory_source(report.rollouts[0].memory[0]) == "cuda"
-    table = Table(title=f"{report.job}: {report.mode} replay on {report.world_size} x {report.device}")
-    for name in ("step", "rollout", "loss", "tokens", "step s", "wait s",
-                 "CUDA alloc GiB (rank)" if on_gpu else "RSS GiB (rank)", "fallback"):
-        table.add_column(name, justify="right" if name not in ("fallback",) else "center")
+    # Fits 80 columns: no outer edge, and no step column (a row's place is its step, the rollout id names it).
+    table = Table(title=f"{report.job}: {report.mode} replay on {report.world_size} x {report.device}",
+                  show_edge=False)
+    for name in ("rollout", "loss", "tokens", "step s", "wait s",
+                 "CUDA GiB (rank)" if on_gpu else "RSS GiB (rank)", "fallback"):
+        table.add_column(name, justify="right" if name not in ("fallback",) else "center", no_wrap=True)
     for r in report.rollouts:
         top = max(r.memory, key=headline_gib)
         table.add_row(
-            str(r.step), str(r.rollout_id), f"{r.loss:.5f}", str(r.tokens), f"{r.step_seconds:.2f}",
+            str(r.rollout_id), f"{r.loss:.5f}", str(r.tokens), f"{r.step_seconds:.2f}",
             f"{r.data_wait_seconds:.3f}", f"{headline_gib(top):.2f} ({top['rank']})",
             Text("yes", style="bold yellow") if r.fallback_used else "",
         )
@@ -285,7 +287,8 @@ def render_table(report: RunReport):
     lines = [
         f"rollouts {s.get('rollouts', 0)}, fallbacks {s.get('fallbacks', 0)}"
         + (f" (rollouts {s['fallback_rollout_ids']} trained on rollout 0's dump)" if s.get("fallbacks") else ""),
-        f"{MEMORY_LABELS[peak['source']]} {peak_gib(peak):.2f} GiB on rank {peak.get('rank')} at step {peak.get('step')}"
+        f"{MEMORY_LABELS[peak['source']]} {peak_gib(peak):.2f} GiB on rank {peak.get('rank')} at rollout "
+        f"{report.rollouts[peak['step']].rollout_id}"
         + (f" (reserved {peak['peak_reserved_gib']:.2f} GiB)" if peak.get("peak_reserved_gib") is not None else "")
         if peak else "peak memory: none recorded",
         f"tokens/s {s.get('tokens_per_second', 0):.0f}, data-wait share {100 * s.get('data_wait_share', 0):.2f}%, "
