@@ -128,6 +128,14 @@ class _Unusable(Exception):
     pass
 
 
+def quiet_local_ray() -> None:
+    """Say RAY_AUTH_MODE=token, what Ray picks for a new local cluster anyway, so that every run does not print
+    Ray's "Token authentication is enabled" warning; a mode the user set is kept. Ray reads the mode once, when it
+    is imported: call this before anything imports ray (set later, the local cluster starts without a token)."""
+    if "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+
+
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--dumps-root", type=click.Path(file_okay=False), default=None,
@@ -154,6 +162,7 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
     """
     err = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    quiet_local_ray()
     try:
         job = load_one_job(file)
     except _Unusable as exc:
@@ -228,7 +237,10 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
         sys.exit(EXIT_FAILED)
     import ray
 
-    how = connect_ray(local=True, num_cpus=local_cpus_needed(trainer_settings(spec.trainer).world_size))
+    cpus = local_cpus_needed(trainer_settings(spec.trainer).world_size)
+    err(f"starting a local Ray ({cpus} CPUs)" + (", then the trainer and the sglang engines" if spec.replay.mode == "forge"
+                                               else ", then the trainer"))
+    how = connect_ray(local=True, num_cpus=cpus)
     import signal
 
     for signum in (signal.SIGINT, signal.SIGTERM):

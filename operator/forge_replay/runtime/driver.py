@@ -134,6 +134,17 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
 
     group = manager = placement = None
     report_problem = None
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"), console=console, disable=not show_progress, transient=False,
+    )
+    task = progress.add_task(f"{report.job} ({replay.mode})", total=len(rollout_ids), info="")
+
+    def starting(what: str) -> None:  # until step 1 trains, the bar says what it waits for
+        progress.update(task, info=f"[dim]{what}[/]")
+
+    starting(f"starting: placing {settings.world_size} trainer rank(s)")
+    progress.start()
     try:
         from forge_replay.runtime.placement import PlacementError
 
@@ -147,9 +158,13 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             model_root=config.model_root, results_dir=config.results_dir, trainer_placement=placement,
         )
         rollout_side = manager.start.remote()  # engines start while the trainer does
+        starting("starting: the trainer" + (f" and {spec.rollout.num_engines} sglang engine(s)" if plan.start_engines
+                                            else ""))
         next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts
         group = TrainerGroup(settings, placement)
         report.num_params = group.setup(source)[0]["num_params"]
+        if plan.start_engines:
+            starting(f"starting: waiting for {spec.rollout.num_engines} sglang engine(s)")
         ray.get(rollout_side)
         syncer = None
         if plan.start_engines:
@@ -157,13 +172,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             log.info("weight sync: %s (%s)", sync_plan.path, sync_plan.reason)
             syncer = EngineWeightSync(sync_plan, manager, group, config)
         publish(0)
-        progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"), console=console, disable=not show_progress, transient=False,
-        )
         with progress:
-            task = progress.add_task(f"{report.job} ({replay.mode})", total=len(rollout_ids), info="")
             for step, rollout_id in enumerate(rollout_ids):
+                if step == 0:
+                    starting(f"step 1: loading rollout {rollout_id}")
                 waited = time.perf_counter()
                 batch = ray.get(next_batch)
                 data_wait = time.perf_counter() - waited
@@ -174,6 +186,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 if batch.fallback_used:
                     log.warning("rollout %d: dump missing, trained on rollout 0's file %s (fallbackToFirst)",
                                 rollout_id, batch.path)
+                if step == 0:
+                    starting("step 1: training")
                 began = time.perf_counter()
                 results = ray.get(group.train_step_async(step, batch.rank_batches, batch.loss_tokens))
                 record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
@@ -183,6 +197,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 if step == 0:
                     report.time_to_first_step_seconds = time.perf_counter() - started
                 if syncer is not None:
+                    if step == 0:
+                        starting("step 1: pushing the weights to the engines")
                     synced = time.perf_counter()
                     syncer.after_step(step)
                     record.weight_sync_seconds = time.perf_counter() - synced
@@ -207,6 +223,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         report.error = _brief(exc) if str(exc) else type(exc).__name__
         raise
     finally:
+        progress.stop()
         try:  # the clean-up below must not depend on the report being written
             report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
             if manager is not None and plan.start_engines:

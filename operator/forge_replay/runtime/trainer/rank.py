@@ -223,6 +223,9 @@ class TrainerRank:
         if self.rank != 0:
             return None
         os.makedirs(path, exist_ok=True)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # its "Writing model shards" bar: once per step, ANSI codes in every log
         self.model.save_pretrained(path, state_dict=state)
         return path
 
