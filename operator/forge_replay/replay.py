@@ -54,12 +54,17 @@ class ReplayError(RuntimeError):
 
 @dataclass
 class ReplayedRollout:
-    """The samples replayed for training rollout ``rollout_id`` and the file they came from."""
+    """The samples replayed for training rollout ``rollout_id`` and the file they came from.
+
+    ``dump_rollout_id`` is the ``rollout_id`` stored in the dump; ``file_rollout_id`` the rollout its file
+    stands for (``rollout_id``, 0 on a fallback, None for a literal path, which stands for every rollout)."""
 
     rollout_id: int
     samples: list[Sample]
     path: str
     fallback_used: bool
+    dump_rollout_id: int | None = None
+    file_rollout_id: int | None = None
 
 
 @dataclass
@@ -140,7 +145,8 @@ class ReplaySource:
         path = self.train_file(rollout_id)
         if os.path.exists(path):
             dump = load(path)
-            return ReplayedRollout(rollout_id, dump.samples, path, fallback_used=False)
+            own = rollout_id if is_template(self.template) else None
+            return ReplayedRollout(rollout_id, dump.samples, path, False, dump.rollout_id, own)
         if not self.fallback_to_first or not is_template(self.template):
             why = "fallback to rollout 0 is off" if is_template(self.template) else "the literal dump path is missing"
             raise ReplayError(
@@ -168,7 +174,7 @@ class ReplaySource:
             first,
             count,
         )
-        return ReplayedRollout(rollout_id, dump.samples, first, fallback_used=True)
+        return ReplayedRollout(rollout_id, dump.samples, first, True, dump.rollout_id, 0)
 
     def load_eval(self, eval_id: int) -> EvalResult:
         """Load eval ``eval_id`` (``eval_N``); missing -> an empty result flagged ``missing`` (logged)."""

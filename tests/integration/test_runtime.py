@@ -95,6 +95,31 @@ def test_fallback_is_counted_and_a_missing_eval_dump_is_reported(tmp_path):
     assert progress["fallbacks"] == 2
 
 
+def test_data_slime_accepts_is_counted_in_the_report_and_progress(tmp_path):
+    """An all-zero loss mask and a dump whose rollout_id is not its file's train (slime accepts both) and are
+    counted per rollout, in the summary and in progress.json (issue 19)."""
+    root = tmp_path / "dumps"
+    samples = write_dump(root / "rollout_0.pt", 0)
+    samples[2].loss_mask = [0] * samples[2].response_length
+    samples[5].loss_mask = [0] * samples[5].response_length
+    save(root / "rollout_0.pt", 0, samples)
+    write_dump(root / "rollout_1.pt", 0, seed=1)  # rollout 1's file holds rollout_id 0
+    write_dump(root / "rollout_2.pt", 2, seed=2)
+    doc = job_doc("slime-accepts", "rollout_{rollout_id}.pt", 4)  # rollout 3 falls back to rollout 0's file
+    report = run_job(config_for(doc, root, tmp_path / "out"), show_progress=False)
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [r["masked_out_samples"] for r in saved["rollouts"]] == [2, 0, 0, 2]
+    assert [r["rollout_id_mismatch"] for r in saved["rollouts"]] == [
+        None, "the dump's rollout_id is 0, its file stands for rollout 1", None, None]
+    summary = saved["summary"]
+    assert summary["masked_out_samples"] == 4 and summary["rollout_id_mismatches"] == 1
+    assert summary["rollout_id_mismatch_rollout_ids"] == [1] and summary["fallback_rollout_ids"] == [3]
+    assert saved["rollouts"][0]["loss_tokens"] == 6 * samples[0].response_length  # the masked samples add none
+    progress = json.loads((tmp_path / "out" / "progress.json").read_text())
+    assert progress["maskedOutSamples"] == 4 and progress["rolloutIdMismatches"] == 1
+    assert report.summary == summary
+
+
 def test_debug_mode_constructs_no_engine_router_or_rollout_function(tmp_path):
     from forge_replay.runtime.rollout_manager import RolloutManager
 

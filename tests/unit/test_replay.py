@@ -75,6 +75,16 @@ def test_literal_path_reused_and_has_no_eval(dumps_dir):
         ReplaySource(str(dumps_dir), "absent.pt").load_train(0)
 
 
+def test_each_replayed_rollout_says_which_rollout_id_its_dump_holds_and_its_file_stands_for(dumps_dir):
+    """What the rollout manager compares to note a dump whose rollout_id is not its file's (issue 19)."""
+    save_debug_rollout_data(dumps_dir / "rollout_3.pt", 9, slime_samples(seed=3))
+    source = ReplaySource(str(dumps_dir), "rollout_{rollout_id}.pt")
+    ids = [(r.dump_rollout_id, r.file_rollout_id) for r in map(source.load_train, (1, 2, 3))]
+    assert ids == [(1, 1), (0, 0), (9, 3)]  # rollout 2 falls back to rollout 0's file
+    literal = ReplaySource(str(dumps_dir), "rollout_3.pt").load_train(5)
+    assert (literal.dump_rollout_id, literal.file_rollout_id) == (9, None)  # a literal path is every rollout's
+
+
 def test_eval_has_no_fallback(dumps_dir, caplog):
     source = ReplaySource(str(dumps_dir), "rollout_{rollout_id}.pt")
     present = source.load_eval(1)

@@ -29,9 +29,10 @@ def rank_result(rank, loss_sum, loss_tokens, rss, allocated=None):
     }
 
 
-def batch(rollout_id, fallback=False):
+def batch(rollout_id, fallback=False, masked_out=0, rollout_id_mismatch=""):
     return SimpleNamespace(rollout_id=rollout_id, num_samples=8, fallback_used=fallback,
-                           path=f"/d/rollout_{0 if fallback else rollout_id}.pt", reward_mean=0.5)
+                           path=f"/d/rollout_{0 if fallback else rollout_id}.pt", reward_mean=0.5,
+                           masked_out=masked_out, rollout_id_mismatch=rollout_id_mismatch)
 
 
 def make_report(on_gpu=False):
@@ -118,6 +119,29 @@ def test_json_and_png_are_written_and_the_table_shows_the_fallback(tmp_path):
     text = console.export_text()
     assert "yes" in text and "rollouts [1] trained on rollout 0's dump" in text
     assert "eval 1: MISSING dump" in text
+
+
+def test_data_slime_accepts_is_counted_per_rollout_in_the_summary_and_the_table():
+    from rich.console import Console
+
+    report = make_report()
+    quiet = Console(record=True, width=80)
+    quiet.print(render_table(report))
+    assert "mask" not in quiet.export_text() and "mismatch" not in quiet.export_text()  # nothing to show
+    ranks = [rank_result(0, -3.0, 30, 1.0), rank_result(1, -1.0, 10, 1.0)]
+    note = "the dump's rollout_id is 9, its file stands for rollout 4"
+    report.rollouts.append(combine_rank_results(3, batch(3, masked_out=2), ranks, 0.01, 1.0))
+    report.rollouts.append(combine_rank_results(4, batch(4, masked_out=1, rollout_id_mismatch=note), ranks, 0.01, 1.0))
+    report.summary = s = summarize(report.rollouts, report.evals, 3.0)
+    assert [r.masked_out_samples for r in report.rollouts] == [0, 0, 0, 2, 1]
+    assert [r.rollout_id_mismatch for r in report.rollouts] == [None, None, None, None, note]
+    assert s["masked_out_samples"] == 3 and s["rollout_id_mismatches"] == 1 and s["rollout_id_mismatch_rollout_ids"] == [4]
+    console = Console(record=True, width=80)
+    console.print(render_table(report))
+    text = console.export_text()
+    assert max(map(len, text.splitlines())) <= 80
+    assert "samples with an all-zero loss mask 3 (rollouts [3, 4]: no loss token)" in text
+    assert "rollout_id mismatches 1 (rollouts [4]: the dump's rollout_id is not its file's)" in text
 
 
 def test_engines_line_names_the_sync_path_and_says_when_versions_went_unconfirmed():

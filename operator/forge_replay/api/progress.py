@@ -25,11 +25,18 @@ class RunResult(_Model):
 
 
 class ProgressReport(_Model):
-    """Rollouts done, the memory peak so far and fallbacks used (JSON under PROGRESS_KEY)."""
+    """Rollouts done, the memory peak so far, fallbacks used and data slime accepts but a user should see:
+    all-zero loss masks and rollout_id mismatches (JSON under PROGRESS_KEY)."""
 
     completed: int = Field(default=0, ge=0, description="Rollouts trained.")
     total: int = Field(default=0, ge=0, description="Rollouts to train.")
     memory: MemoryPeak | None = Field(default=None, description="Highest memory peak so far.")
     fallbacks: int = Field(default=0, ge=0, description="Rollouts trained from rollout 0's file.")
+    masked_out_samples: int = Field(
+        default=0, ge=0, description="Samples trained so far whose loss mask is all zeros (they add no loss token)."
+    )
+    rollout_id_mismatches: int = Field(
+        default=0, ge=0, description="Rollouts whose dump holds a rollout_id other than the one its file stands for."
+    )
     updated_at: str | None = Field(default=None, description="When this report was written (RFC 3339).")
     result: RunResult | None = Field(default=None, description="Set once, when the run has ended.")

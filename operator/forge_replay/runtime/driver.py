@@ -130,6 +130,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         publisher.publish(ProgressReport(
             completed=completed, total=len(rollout_ids), memory=progress_memory(memory_peak(report.rollouts)),
             fallbacks=sum(r.fallback_used for r in report.rollouts),
+            masked_out_samples=sum(r.masked_out_samples for r in report.rollouts),
+            rollout_id_mismatches=sum(bool(r.rollout_id_mismatch) for r in report.rollouts),
         ))
 
     group = manager = placement = None
@@ -186,6 +188,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 if batch.fallback_used:
                     log.warning("rollout %d: dump missing, trained on rollout 0's file %s (fallbackToFirst)",
                                 rollout_id, batch.path)
+                if batch.rollout_id_mismatch or batch.masked_out:  # slime accepts both; the report counts them
+                    log.warning("rollout %d (%s): %s", rollout_id, batch.path, "; ".join(filter(None, (
+                        batch.rollout_id_mismatch,
+                        f"{batch.masked_out} sample(s) with an all-zero loss mask" if batch.masked_out else ""))))
                 if step == 0:
                     starting("step 1: training")
                 began = time.perf_counter()

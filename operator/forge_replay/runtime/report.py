@@ -38,6 +38,10 @@ class RolloutRecord:
     """One entry per rank (see ``forge_replay.runtime.trainer.memory.RankMemory``)."""
     weight_sync_seconds: float | None = None
     """forge mode: the push of this step's weights to every engine, checks included; None in debug mode."""
+    masked_out_samples: int = 0
+    """Samples whose loss mask is all zeros: slime accepts them, they add no loss token."""
+    rollout_id_mismatch: str | None = None
+    """Why the dump's own rollout_id is not the rollout its file stands for (slime never reads it); None when it is."""
 
 
 @dataclass
@@ -102,6 +106,8 @@ def combine_rank_results(step: int, batch, rank_results: list[dict], data_wait_s
         grad_norm=rank_results[0]["grad_norm"],
         reward_mean=batch.reward_mean,
         memory=sorted((r["memory"] for r in rank_results), key=lambda m: m["rank"]),
+        masked_out_samples=batch.masked_out,
+        rollout_id_mismatch=batch.rollout_id_mismatch or None,
     )
 
 
@@ -166,10 +172,14 @@ def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_fir
     wait_s = sum(r.data_wait_seconds for r in records)
     tokens = sum(r.tokens for r in records)
     losses = [r.loss for r in records]
+    mismatched = [r.rollout_id for r in records if r.rollout_id_mismatch]
     return {
         "rollouts": len(records),
         "fallbacks": sum(r.fallback_used for r in records),
         "fallback_rollout_ids": [r.rollout_id for r in records if r.fallback_used],
+        "masked_out_samples": sum(r.masked_out_samples for r in records),
+        "rollout_id_mismatches": len(mismatched),
+        "rollout_id_mismatch_rollout_ids": mismatched,
         "all_losses_finite": all(math.isfinite(x) for x in losses),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
@@ -294,6 +304,12 @@ def render_table(report: RunReport):
         f"tokens/s {s.get('tokens_per_second', 0):.0f}, data-wait share {100 * s.get('data_wait_share', 0):.2f}%, "
         f"time to first step {s.get('time_to_first_step_seconds') or 0:.1f}s",
     ]
+    if s.get("masked_out_samples"):  # data slime accepts, named with the rollouts that held it
+        masked = [r.rollout_id for r in report.rollouts if r.masked_out_samples]
+        lines.append(f"samples with an all-zero loss mask {s['masked_out_samples']} (rollouts {masked}: no loss token)")
+    if s.get("rollout_id_mismatches"):
+        lines.append(f"rollout_id mismatches {s['rollout_id_mismatches']} (rollouts {s['rollout_id_mismatch_rollout_ids']}:"
+                     " the dump's rollout_id is not its file's)")
     for e in report.evals:
         lines.append(
             f"eval {e.eval_id}: " + ("MISSING dump (empty result)" if e.missing

@@ -43,6 +43,10 @@ class RolloutBatch:
     truncated: int
     load_seconds: float
     rank_batches: list = field(repr=False)
+    masked_out: int = 0
+    """Samples whose loss mask is all zeros (slime accepts them; they add no loss token)."""
+    rollout_id_mismatch: str = ""
+    """A note when the dump's own rollout_id is not the rollout its file stands for (slime never reads it)."""
 
 
 def forge_prerequisite_problem(engine_command: str | None) -> str | None:
@@ -146,7 +150,7 @@ class RolloutManager:
     def get_rollout(self, rollout_id: int) -> RolloutBatch:
         """Load rollout ``rollout_id`` (fallback counted), convert it, split and pack it."""
         from forge_replay.dumps import SampleError
-        from forge_replay.dumps.convert import to_train_data
+        from forge_replay.dumps.convert import rollout_id_note, to_train_data
 
         started = time.perf_counter()
         if self.engine_side is not None:
@@ -182,6 +186,9 @@ class RolloutManager:
             truncated=sum(bool(t) for t in data.truncated),
             load_seconds=time.perf_counter() - started,
             rank_batches=rank_batches,
+            masked_out=data.masked_out,
+            rollout_id_mismatch=rollout_id_note(replayed.dump_rollout_id, replayed.file_rollout_id)
+            if replayed.dump_rollout_id is not None else "",
         )
 
     def evaluate(self, eval_id: int) -> EvalRecord:
