@@ -222,3 +222,24 @@ def test_verify_reads_rewards_under_the_job_keys(tmp_path):
                                       all_rewards=True)
     (problem,) = train_key_for_eval.problems
     assert problem.kind == "eval" and "sample 0, field 'reward': has no key 'acc'" in problem.message
+
+
+def test_verify_cli_takes_the_job_reward_keys(tmp_path):
+    """`dumps verify` flags for the job's keys: --no-reward-key refuses dict rewards, --eval-reward-key reads eval dumps."""
+    from click.testing import CliRunner
+
+    from forge_replay.cli import main
+
+    save(tmp_path / "r_0.pt", 0, [_sample({"acc": 1.0}, group_index=0), _sample({"acc": 0.0}, group_index=0)])
+    save(tmp_path / "r_eval_0.pt", 0, [_sample({"pass": 1.0})])
+
+    def verify(*flags):
+        return CliRunner().invoke(main, ["dumps", "verify", "--root", str(tmp_path), "--path", "r_{rollout_id}.pt",
+                                         "--num-rollouts", "1", "--eval-interval", "1", *flags])
+
+    assert verify().exit_code == 0  # keys unknown: dict rewards pass
+    keyless = verify("--no-reward-key")
+    assert keyless.exit_code == 1 and "sample 0, field 'reward': is a dict (keys ['acc'])" in keyless.output
+    assert verify("--reward-key", "acc").exit_code == 1  # the eval dump has no 'acc'
+    assert verify("--reward-key", "acc", "--eval-reward-key", "pass").exit_code == 0
+    assert verify("--reward-key", "acc", "--no-reward-key").exit_code == 2

@@ -217,6 +217,11 @@ def test_verify_job_checks_dict_rewards_under_the_spec_reward_key(tmp_path) -> N
     assert command[-2:] == ["--reward-key", "accuracy"]
     args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
     assert dumps.get_command(None, "verify").make_context("verify", args).params["reward_key"] == "accuracy"
+    doc["spec"]["replay"]["evalRewardKey"] = "pass"  # eval dumps are read under their own key
+    command = verify_command(parse_job(doc))
+    assert command[-4:] == ["--reward-key", "accuracy", "--eval-reward-key", "pass"]
+    args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
+    assert dumps.get_command(None, "verify").make_context("verify", args).params["eval_reward_key"] == "pass"
 
 
 def test_spec_hash_ignores_suspend_only() -> None:

@@ -146,8 +146,10 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
         command += ["--eval-interval", str(replay.eval_interval)]
     if not replay.dumps.fallback_to_first:
         command.append("--no-fallback")
-    if replay.reward_key:  # dict rewards are checked under the key training reads
+    if replay.reward_key:  # dict rewards are checked under the keys training and eval read
         command += ["--reward-key", replay.reward_key]
+    if replay.eval_reward_key:
+        command += ["--eval-reward-key", replay.eval_reward_key]
     return command
 
 

@@ -69,6 +69,10 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
 @click.option("--root", type=click.Path(file_okay=False), default=None, help="Directory the path is relative to.")
 @click.option("--no-fallback", is_flag=True, help="A missing train dump is a problem, not a fallback to rollout 0.")
 @click.option("--reward-key", default=None, help="Check dict rewards' value under this key too (replay.rewardKey).")
+@click.option("--no-reward-key", is_flag=True,
+              help="The job has no replay.rewardKey: a dict reward in a train dump is refused, as training refuses it.")
+@click.option("--eval-reward-key", default=None,
+              help="Check eval dumps' dict rewards under this key (replay.evalRewardKey; default --reward-key).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_limit_option
 def verify(
@@ -79,6 +83,8 @@ def verify(
     root: str | None,
     no_fallback: bool,
     reward_key: str | None,
+    no_reward_key: bool,
+    eval_reward_key: str | None,
     as_json: bool,
     limit_settings: tuple[str, ...],
 ) -> None:
@@ -89,6 +95,8 @@ def verify(
     """
     from forge_replay.dumps.verify import verify_dumps
 
+    if no_reward_key and reward_key is not None:
+        _fail("--no-reward-key and --reward-key contradict each other", code=2)
     try:
         report = verify_dumps(
             root,
@@ -100,6 +108,8 @@ def verify(
             progress=not as_json,
             limits=_limits(limit_settings),
             reward_key=reward_key,
+            all_rewards=no_reward_key,
+            eval_reward_key=eval_reward_key,
         )
     except ValueError as exc:
         _fail(str(exc), code=2)
