@@ -23,6 +23,7 @@ from typing import Any
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
 from forge_replay.dumps import Sample, load
+from forge_replay.errors import Portable
 from forge_replay.dumps.prefetch import Prefetcher
 from forge_replay.dumps.verify import eval_rollout_ids, resolve
 
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-class ReplayError(RuntimeError):
+class ReplayError(Portable, RuntimeError):
     """A training rollout has no dump to replay; the message names the rollout id and resolved path."""
 
     def __init__(self, rollout_id: int, path: str, message: str):

@@ -33,3 +33,29 @@ def test_a_forge_run_says_what_starts_and_prints_no_noise(tmp_path):
     assert "starting: the trainer and 2 sglang engine(s)" in out, out[-4000:]
     table = out[out.index("forge-run: forge replay"):out.index("rollouts 2, fallbacks 0")]
     assert max(len(line) for line in table.splitlines()) <= 80, table
+
+
+def test_an_error_raised_in_an_actor_reaches_the_user_as_its_one_line(tmp_path):
+    # verify: false lets a missing dump through to the rollout manager actor, which raises ReplayError there.
+    import yaml
+
+    job = job_file(tmp_path, mode="debug", rollouts=3)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["replay"]["verify"] = False
+    doc["spec"]["replay"]["dumps"]["fallbackToFirst"] = False
+    job.write_text(yaml.safe_dump(doc))
+    argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--dumps-root", str(tmp_path / "dumps"),
+            "--results", str(tmp_path / "results"), "--no-progress"]
+    subprocess.run([sys.executable, "-m", "forge_replay.cli", "dumps", "synth", "--out",
+                    str(tmp_path / "dumps" / "run" / "rollout_{rollout_id}.pt"), "--num-rollouts", "3", "--prompts", "2",
+                    "--samples-per-prompt", "4", "--prompt-len", "8", "--response-len", "8", "--vocab-size", "256"],
+                   check=True, capture_output=True, timeout=120)
+    (tmp_path / "dumps" / "run" / "rollout_1.pt").unlink()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-4000:]
+    missing = tmp_path / "dumps" / "run" / "rollout_1.pt"
+    lines = [line for line in done.stderr.splitlines() if line.startswith("forge-replay run ")]
+    assert lines == [f"forge-replay run {job}: ReplayError: rollout 1: dump {missing} does not exist "
+                     "(fallback to rollout 0 is off); write it or run `forge-replay dumps verify` to list every "
+                     "missing file"], done.stderr[-4000:]
+    assert "Failed to deserialize" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-4000:]

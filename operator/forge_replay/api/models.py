@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
 from forge_replay.api.engine_args import engine_args_problems
+from forge_replay.errors import Portable
 
 GROUP = "forgereplay.io"
 VERSION = "v1alpha1"
@@ -120,7 +121,7 @@ class Problem:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
-class SpecInvalid(ValueError):
+class SpecInvalid(Portable, ValueError):
     """A ForgeReplayJob (or a part of one) breaks the API rules; ``problems`` says where and why."""
 
     def __init__(self, problems: list[Problem]):

@@ -19,6 +19,7 @@ from forge_replay.api.models import (
     Problem,
     SpecInvalid,
 )
+from forge_replay.errors import Portable
 
 
 class NotAForgeReplayJob(ValueError):
@@ -29,7 +30,7 @@ class DocumentError(ValueError):
     """A file cannot be read or is not YAML."""
 
 
-class DocumentInvalid(DocumentError):
+class DocumentInvalid(Portable, DocumentError):
     """YAML the API server would refuse (duplicate keys, alias bombs, runaway nesting); ``problems`` name
     the field and the line."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -52,6 +53,24 @@ def _unwrap(exc: BaseException) -> BaseException:
     """The user's error inside Ray's wrappers (RayTaskError / ActorDiedError)."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): (.*)$")
+
+
+def actor_error_line(exc: BaseException) -> str:
+    """An error raised in an actor as the line it carries: ``ReplayError: rollout 4: dump ... does not exist``.
+
+    An error type that pickle cannot rebuild reaches the caller as Ray's UnserializableException, whose text is a
+    link and the original traceback: its last exception line is used, without the traceback."""
+    from ray.exceptions import UnserializableException
+
+    cause = _unwrap(exc)
+    if isinstance(cause, UnserializableException):
+        trace = str(cause).partition("Original exception:\n")[2].strip().splitlines()
+        found = [m for m in map(_EXCEPTION_LINE.match, trace) if m]
+        return f"{found[-1].group(1)}: {found[-1].group(2)}" if found else (trace[-1] if trace else str(cause))
+    return f"{type(cause).__name__}: {cause}" if cause is not exc else str(exc)
 
 
 @dataclass(frozen=True)
@@ -219,9 +238,9 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         if spec.trainer.memory_snapshot and settings.use_gpu and config.results_dir:
             report.files["memory_snapshots"] = group.write_memory_snapshots(config.results_dir)
     except ray.exceptions.RayError as exc:
-        cause = _unwrap(exc)
-        report.error = _brief(exc)
-        raise ReplayRunError(f"{type(cause).__name__}: {cause}" if cause is not exc else str(exc)) from None
+        line = actor_error_line(exc)
+        report.error = _brief(exc) if "\n" in line else line
+        raise ReplayRunError(line) from None
     except WeightSyncError as exc:  # raised in this process by the weight-sync shell, already one clear line
         report.error = _brief(exc)
         raise ReplayRunError(f"{type(exc).__name__}: {exc}") from None
