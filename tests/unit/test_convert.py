@@ -221,7 +221,13 @@ def test_verify_reads_rewards_under_the_job_keys(tmp_path):
     train_key_for_eval = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1, reward_key="acc",
                                       all_rewards=True)
     (problem,) = train_key_for_eval.problems
-    assert problem.kind == "eval" and "sample 0, field 'reward': has no key 'acc'" in problem.message
+    assert problem.kind == "eval" and "eval sample 0: reward has no key 'acc'" in problem.message
+    # eval reads rewards as the run reports them: None is 0.0 and loss masks do not matter; NaN is refused
+    save(tmp_path / "r_eval_0.pt", 0, [_sample(None, loss_mask=[0, 0, 0]), _sample({"pass": 0.5})])
+    assert verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1, eval_reward_key="pass").ok
+    save(tmp_path / "r_eval_0.pt", 0, [_sample(1.0), _sample(float("nan"))])
+    (problem,) = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1).problems
+    assert "eval sample 1: reward nan is not a finite number" in problem.message
 
 
 def test_verify_cli_takes_the_job_reward_keys(tmp_path):

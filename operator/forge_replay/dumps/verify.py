@@ -2,11 +2,13 @@
 
 Each file goes through the same per-sample checks as training (:func:`~forge_replay.dumps.convert.check_samples`):
 garbage token ids, log probs or rewards make it unreadable, naming the file, sample and field. Samples with an
-all-zero loss mask and a top-level ``rollout_id`` that is not the file's rollout are counted and noted.
+all-zero loss mask and a top-level ``rollout_id`` that is not the file's rollout are counted and noted. Eval trains
+nothing: an eval dump's rewards are read as the run reports them (:func:`eval_reward_problem`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -17,7 +19,7 @@ from forge_replay.dumps.convert import check_samples, rollout_id_note
 from forge_replay.dumps.files import load
 from forge_replay.dumps.progress import progress_bar
 from forge_replay.dumps.safe_pickle import DumpError
-from forge_replay.dumps.sample import SampleError
+from forge_replay.dumps.sample import Sample, SampleError
 
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
@@ -115,6 +117,22 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: bool) -> str:
+    """Why an eval dump's rewards cannot be read as the run reads them (None is 0.0, dicts under ``reward_key``),
+    or "". Dict rewards without a key are left alone unless ``dicts_need_key`` says the key is the job's."""
+    from forge_replay.replay import eval_rewards
+
+    unread = Sample(reward=None)  # a dict reward whose key verify does not know: not read
+    readable = samples if reward_key or dicts_need_key else [
+        unread if isinstance(s.reward, dict) else s for s in samples]
+    try:
+        rewards = eval_rewards(readable, reward_key)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        return str(exc).strip("'\"")
+    bad = next((i for i, r in enumerate(rewards) if not math.isfinite(r)), None)
+    return "" if bad is None else f"eval sample {bad}: reward {rewards[bad]} is not a finite number"
+
+
 def verify_dumps(
     root: str | None,
     template: str,
@@ -155,8 +173,11 @@ def verify_dumps(
                 dump = load(path, limits)
                 if kind == "train":
                     masked_out = check_samples(dump.samples, reward_key, all_rewards=all_rewards)
-                else:  # slime reads eval rewards under their own key
-                    masked_out = check_samples(dump.samples, eval_reward_key or reward_key)
+                else:  # eval trains nothing: only its rewards are read, under eval's own key
+                    masked_out = None
+                    problem = eval_reward_problem(dump.samples, eval_reward_key or reward_key, all_rewards)
+                    if problem:
+                        raise SampleError(None, "reward", problem)
                 loaded[path] = (len(dump.samples), "", dump.rollout_id, masked_out)
             except SampleError as exc:
                 loaded[path] = (None, str(exc) if exc.where else f"{path}: {exc}", None, None)
