@@ -59,3 +59,36 @@ def test_an_error_raised_in_an_actor_reaches_the_user_as_its_one_line(tmp_path):
                      "(fallback to rollout 0 is off); write it or run `forge-replay dumps verify` to list every "
                      "missing file"], done.stderr[-4000:]
     assert "Failed to deserialize" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-4000:]
+
+
+def test_an_interrupted_report_says_so_and_agrees_with_progress(tmp_path):
+    import json
+    import signal
+    import time
+
+    job = job_file(tmp_path, mode="debug", rollouts=200)
+    results = tmp_path / "results"
+    run = subprocess.Popen([sys.executable, "-m", "forge_replay.cli", "run", str(job), "--synth-missing",
+                            "--no-progress", "--dumps-root", str(tmp_path / "dumps"), "--results", str(results)],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert run.poll() is None, run.communicate()[1][-3000:]
+            try:
+                if json.loads((results / "progress.json").read_text())["completed"] >= 2:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 143, stderr[-3000:]
+    report = json.loads((results / "report.json").read_text())
+    progress = json.loads((results / "progress.json").read_text())
+    assert report["interrupted"] == "SIGTERM" and report["partial"] is True and report["planned"] == 200
+    assert report["error"] == "interrupted by SIGTERM"
+    assert 2 <= report["summary"]["rollouts"] == report["completed"] == progress["completed"] < 200

@@ -246,7 +246,8 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stop_run)
     try:
-        run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared)
+        run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared,
+                stopped_by=lambda: signal.Signals(_STOPPED_BY[0]).name if _STOPPED_BY else None)
     except BaseException as exc:
         if _STOPPED_BY:
             how_stopped, code = (("interrupted (Ctrl-C)", 130) if _STOPPED_BY[0] == signal.SIGINT

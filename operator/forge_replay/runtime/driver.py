@@ -107,9 +107,12 @@ def preflight(config) -> Prepared:
 
 
 def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True,
-            prepared: Prepared | None = None, prefetch: bool = True) -> RunReport:
+            prepared: Prepared | None = None, prefetch: bool = True, stopped_by=None) -> RunReport:
     """Replay ``config.job`` on the connected Ray: every rollout trained, progress published,
     the report written to ``config.results_dir``. Raises :class:`ReplayRunError` with a clear message.
+
+    ``stopped_by`` (a callable) names the signal that stopped the run (``"SIGTERM"``), or None: an interrupted
+    run's report says ``interrupted`` with it.
 
     ``prefetch=False`` (benchmarks only) requests each rollout after the previous step instead of
     while it trains, to measure what prefetching saves."""
@@ -250,7 +253,11 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     finally:
         progress.stop()
         try:  # the clean-up below must not depend on the report being written
+            signal_name = stopped_by() if stopped_by is not None else None
+            if signal_name:
+                report.interrupted, report.error = signal_name, f"interrupted by {signal_name}"
             report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
+            publish(report.completed)  # a step trained but stopped in its weight push counts in both files
             if manager is not None and plan.start_engines:
                 try:
                     report.engines = ray.get(manager.engine_report.remote(), timeout=60)

@@ -71,6 +71,8 @@ class RunReport:
     planned: int = 0
     error: str | None = None
     """Why the run stopped early (one line), when it did."""
+    interrupted: str | None = None
+    """The signal that stopped the run early (SIGINT, SIGTERM), when one did; ``planned`` says what was left."""
     time_to_first_step_seconds: float | None = None
     rollouts: list[RolloutRecord] = field(default_factory=list)
     evals: list[EvalRecord] = field(default_factory=list)
