@@ -3,16 +3,23 @@ constructs sglang's own request class (``sglang.srt.entrypoints.http_server.app`
 ``sglang.srt.managers.io_struct``, the pinned version).
 
 The requests are not listed by hand: they are the ones recorded forge runs actually sent (the double's
-``calls-<port>.jsonl``: fleet, weight sync and health monitor), plus the memory calls of colocated engines, which
-need GPUs to run and are taken from the client functions themselves."""
+``calls-<port>.jsonl``: fleet, weight sync and health monitor), plus what colocated engines are sent (memory calls,
+the tensor update), which needs GPUs to run and is taken from the client functions themselves. A scan of the
+runtime's code for route paths catches the calls no CPU run makes (failure paths, fallbacks)."""
 
 from __future__ import annotations
 
+import ast
+import re
 import typing
+from pathlib import Path
 from urllib.parse import urlsplit
 
+import forge_replay.runtime
 import pytest
+import torch
 from forge_replay.runtime.weights.calls import release_memory, resume_memory
+from forge_replay.runtime.weights.ipc import serialize_named_tensors, update_request_body
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -71,7 +78,41 @@ def sent_requests(recorded_runs) -> list[tuple[str, str, dict | None, str]]:
                     body = {k: v for k, v in body.items() if k not in DOUBLE_NOTES}
                 out.append((call["method"], urlsplit(call["path"]).path, body, f"run {name}"))
     out += [(c["method"], c["path"], c["body"], "release_memory/resume_memory") for c in memory_calls()]
+    payload = serialize_named_tensors([("model.embed_tokens.weight", torch.ones(4, 2))])  # CPU: shared memory
+    tensor_body = update_request_body([payload], flush_cache=True, weight_version="1")
+    out.append(("POST", "/update_weights_from_tensor", tensor_body, "weights.ipc.update_request_body"))
     return out
+
+
+ROUTER_CLIENT = "engines/router.py"
+"""Talks to sglang_router's own API (``/workers``), not to an engine."""
+
+
+def route_literals() -> dict[str, str]:
+    """Every engine route path the runtime's code sends to (a call's argument, or a module constant) -> its file."""
+    root = Path(forge_replay.runtime.__file__).parent
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() == ROUTER_CLIENT:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        places = [arg for node in ast.walk(tree) if isinstance(node, ast.Call) for arg in node.args]
+        places += [node.value for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value]
+        in_f_strings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+        for place in places:
+            for node in ast.walk(place):
+                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_f_strings
+                        and re.fullmatch(r"/[a-z_]+", node.value)):
+                    found[node.value] = path.relative_to(root).as_posix()
+    return found
+
+
+def test_every_route_path_in_the_runtime_code_exists_in_sglangs_app():
+    routes = sglang_routes()
+    literals = route_literals()
+    assert {"/update_weights_from_tensor", "/destroy_weights_update_group", "/health"} <= set(literals)
+    missing = {path: where for path, where in literals.items() if path not in routes}
+    assert not missing, f"paths sglang's app does not serve: {missing}"
 
 
 def test_every_route_and_method_we_call_exists_in_sglangs_app(recorded_runs):
@@ -101,4 +142,5 @@ def test_every_body_we_send_constructs_sglangs_request_class(recorded_runs):
         assert isinstance(request, body_class)
         checked.add(body_class.__name__)
     assert {"UpdateWeightFromDiskReqInput", "InitWeightsUpdateGroupReqInput",
-            "UpdateWeightsFromDistributedReqInput", "ReleaseMemoryOccupationReqInput"} <= checked, checked
+            "UpdateWeightsFromDistributedReqInput", "ReleaseMemoryOccupationReqInput",
+            "UpdateWeightsFromTensorReqInput", "BeginWeightUpdateReqInput"} <= checked, checked
