@@ -231,7 +231,7 @@ def test_verify_reads_rewards_under_the_job_keys(tmp_path):
 
 
 def test_verify_cli_takes_the_job_reward_keys(tmp_path):
-    """`dumps verify` flags for the job's keys: --no-reward-key refuses dict rewards, --eval-reward-key reads eval dumps."""
+    """`dumps verify` takes the job's keys: --no-reward-key refuses dict rewards, --eval-reward-key reads eval dumps."""
     from click.testing import CliRunner
 
     from forge_replay.cli import main

@@ -135,7 +135,8 @@ def test_data_slime_accepts_is_counted_per_rollout_in_the_summary_and_the_table(
     report.summary = s = summarize(report.rollouts, report.evals, 3.0)
     assert [r.masked_out_samples for r in report.rollouts] == [0, 0, 0, 2, 1]
     assert [r.rollout_id_mismatch for r in report.rollouts] == [None, None, None, None, note]
-    assert s["masked_out_samples"] == 3 and s["rollout_id_mismatches"] == 1 and s["rollout_id_mismatch_rollout_ids"] == [4]
+    assert s["masked_out_samples"] == 3
+    assert s["rollout_id_mismatches"] == 1 and s["rollout_id_mismatch_rollout_ids"] == [4]
     console = Console(record=True, width=80)
     console.print(render_table(report))
     text = console.export_text()

@@ -88,7 +88,8 @@ def test_verify_refuses_dict_rewards_the_reward_key_cannot_read_before_ray_start
     assert f"{tmp_path / 'rollout_0.pt'}: sample 0, field 'reward': {problem}" in result.output
     assert not ray.is_initialized()
     # the key every sample has passes the same pre-flight; the one a sample lacks is named with its index
-    good = parse_job(document | {"spec": document["spec"] | {"replay": document["spec"]["replay"] | {"rewardKey": "format"}}})
+    document["spec"]["replay"]["rewardKey"] = "format"
+    good = parse_job(document)
     config = RuntimeConfig(job=good, dumps_root=str(tmp_path), results_dir=str(tmp_path / "out"), model_root=None)
     assert preflight(config).vocab_size == 128
     if reward_key:

@@ -310,8 +310,8 @@ def render_table(report: RunReport):
         masked = [r.rollout_id for r in report.rollouts if r.masked_out_samples]
         lines.append(f"samples with an all-zero loss mask {s['masked_out_samples']} (rollouts {masked}: no loss token)")
     if s.get("rollout_id_mismatches"):
-        lines.append(f"rollout_id mismatches {s['rollout_id_mismatches']} (rollouts {s['rollout_id_mismatch_rollout_ids']}:"
-                     " the dump's rollout_id is not its file's)")
+        lines.append(f"rollout_id mismatches {s['rollout_id_mismatches']} "
+                     f"(rollouts {s['rollout_id_mismatch_rollout_ids']}: the dump's rollout_id is not its file's)")
     for e in report.evals:
         lines.append(
             f"eval {e.eval_id}: " + ("MISSING dump (empty result)" if e.missing
