@@ -92,3 +92,29 @@ def test_an_interrupted_report_says_so_and_agrees_with_progress(tmp_path):
     assert report["interrupted"] == "SIGTERM" and report["partial"] is True and report["planned"] == 200
     assert report["error"] == "interrupted by SIGTERM"
     assert 2 <= report["summary"]["rollouts"] == report["completed"] == progress["completed"] < 200
+
+
+@pytest.mark.parametrize("signame, delay, code", [("SIGINT", 1.0, 130), ("SIGINT", 8.0, 130), ("SIGTERM", 8.0, 143)])
+def test_a_stop_in_the_first_seconds_exits_cleanly_leaving_no_process(tmp_path, signame, delay, code):
+    # Imports, dump synthesis and Ray's start-up: Ctrl-C printed click's "Aborted!" and exited 1, and ray.init's
+    # own SIGTERM handler exited 15; Ray's agents were left behind. Ray's processes join the run's process group.
+    import signal
+    import time
+
+    job = job_file(tmp_path, mode="debug", rollouts=3)
+    run = subprocess.Popen([sys.executable, "-m", "forge_replay.cli", "run", str(job), "--synth-missing",
+                            "--no-progress", "--dumps-root", str(tmp_path / "dumps"), "--results",
+                            str(tmp_path / "results")], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        time.sleep(delay)
+        run.send_signal(getattr(signal, signame))
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == code, stderr[-3000:]
+    assert "Aborted!" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    time.sleep(2)
+    ps = subprocess.run(["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True).stdout.splitlines()
+    assert [line for line in ps if line.split()[1] == str(run.pid)] == []

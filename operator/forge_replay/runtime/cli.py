@@ -161,8 +161,23 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     results folder is (not writable, or in use by another run, which is named);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
     """
-    err = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    import signal
+
     quiet_local_ray()
+    for signum in (signal.SIGINT, signal.SIGTERM):  # from the first moment: imports, synthesis, Ray's start
+        signal.signal(signum, _stop_run)
+    try:
+        _run(file, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress)
+    except KeyboardInterrupt:  # before the replay started (after, _replay says how it stopped)
+        code = 143 if _STOPPED_BY and _STOPPED_BY[0] == signal.SIGTERM else 130
+        click.echo(f"forge-replay run {file}: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'} "
+                   "while starting; nothing was trained", err=True)
+        sys.exit(code)
+
+
+def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
+         synth_missing: bool, engine_command: str | None, no_progress: bool) -> None:
+    err = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
         job = load_one_job(file)
     except _Unusable as exc:
@@ -240,19 +255,27 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
     cpus = local_cpus_needed(trainer_settings(spec.trainer).world_size)
     err(f"starting a local Ray ({cpus} CPUs)" + (", then the trainer and the sglang engines" if spec.replay.mode == "forge"
                                                else ", then the trainer"))
-    how = connect_ray(local=True, num_cpus=cpus)
     import signal
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop_run)
+    how = None
     try:
+        try:  # interrupted half-way, the finally below stops what it started
+            how = connect_ray(local=True, num_cpus=cpus)
+        except SystemExit as exc:  # ray.init's own SIGTERM handler: sys.exit(15)
+            if exc.code != signal.SIGTERM:
+                raise
+            _STOPPED_BY.append(signal.SIGTERM)
+            raise KeyboardInterrupt from None
+        for signum in (signal.SIGINT, signal.SIGTERM):  # ray.init replaced the SIGTERM handler with its own
+            signal.signal(signum, _stop_run)
         run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared,
                 stopped_by=lambda: signal.Signals(_STOPPED_BY[0]).name if _STOPPED_BY else None)
     except BaseException as exc:
         if _STOPPED_BY:
             how_stopped, code = (("interrupted (Ctrl-C)", 130) if _STOPPED_BY[0] == signal.SIGINT
                                  else ("terminated (SIGTERM)", 143))
-            err(f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in "
+            err(f"forge-replay run {file}: {how_stopped} while starting Ray; nothing was trained" if how is None else
+                f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in "
                 f"{results_dir} holds the steps finished so far")
             sys.exit(code)
         if isinstance(exc, ReplayRunError):
