@@ -3,13 +3,35 @@
 This is a real HTTP server process that speaks the part of sglang's HTTP API forge-replay calls,
 and records every request, so tests can check what the engines were sent. It is launched exactly
 as ``python -m sglang.launch_server`` would be (``forge-replay run --engine-command "python
-tests/doubles/sglang_double.py --record-dir DIR"``): it takes sglang's arguments (``--host``,
-``--port``, ``--model-path``, ``--load-format``, ...) and accepts and records any unknown ones.
+tests/doubles/sglang_double.py --record-dir DIR"``): the double's own flags (below) are taken out with
+``parse_known_args``; the rest is sglang's argv, parsed by sglang's own ``prepare_server_args`` when sglang is
+installed (``tests/doubles/real_sglang.py``; an argv sglang refuses fails the start), else by a fallback argparse
+that records flags it does not know (one warning line says so).
+
+It answers as sglang ``--sglang-version`` does (0.5.23, the pinned version, by default; 0.5.19 too), each
+behaviour citing the sglang source it follows (paths under ``python/sglang/srt/``):
+- start: no tokenizer under ``--tokenizer-path`` (default: the model path) and no ``--skip-tokenizer-init``
+  -> exit 1 before listening (``managers/tokenizer_manager.py``);
+- weight-update sessions (0.5.23): ``/update_weights_from_distributed`` and ``/update_weights_from_tensor``
+  are refused with 400 before anything is received unless ``POST /begin_weight_update {}`` opened a session,
+  closed by ``POST /end_weight_update {}`` (``managers/scheduler_components/weight_updater.py``); 0.5.19 has
+  no such routes (404) and no such check;
+- ``/update_weights_from_disk`` without ``load_format`` uses the server's ``--load-format``; ``dummy`` (or any
+  non-default loader) is refused with 400 "Failed to get model loader"
+  (``model_executor/model_runner_components/weight_updater.py``);
+- the weight version is read from ``GET /model_info`` or ``/get_model_info``; ``/get_weight_version`` is 404
+  (``entrypoints/http_server.py``);
+- ``/release_memory_occupation`` releases nothing without ``--enable-memory-saver``
+  (``utils/torch_memory_saver_adapter.py``), noted in the call log;
+- the weight group is formed with sglang's own ``init_custom_process_group`` when sglang is installed
+  (``utils/common.py``).
 
 Records (JSON, under ``--record-dir`` or ``$SGLANG_DOUBLE_RECORD_DIR``, one set per port):
-- ``start-<port>.json``: pid, pgid, argv, the parsed known args and the unknown ones (the latest
-  start; ``starts-<port>.jsonl`` keeps every start on that port, e.g. after a recovery);
-- ``calls-<port>.jsonl``: one line per request: time, method, path, JSON body;
+- ``start-<port>.json``: pid, pgid, argv, ``sglang_version``, ``sglang_parser`` ("real <version>" or
+  "fallback"), the parsed args and the unknown ones (the latest start; ``starts-<port>.jsonl`` keeps every
+  start on that port, e.g. after a recovery);
+- ``calls-<port>.jsonl``: one line per request: time, method, path, status answered, JSON body (plus
+  ``received`` and the double's ``double`` notes: memory released or not, how the weight group was formed);
 - ``stop-<port>.json``: written when it is stopped by SIGTERM/SIGINT.
 
 Weights it receives are really received, so tests can compare them with the trainer's: the disk path
@@ -24,8 +46,9 @@ call log.
 Endpoints with a double-only prefix let a test make it misbehave:
 ``POST /_double/health {"healthy": false}`` makes /health_generate answer 503. Flags do the same from the
 start: ``--missing-endpoint PATH`` (404), ``--pin-weight-version``, ``--die-during-broadcast K`` (exit in the
-middle of the K-th distributed bucket), ``--die-during-disk-push K``, ``--die-on-version-check``, ``--refuse-group-join`` and ``--refuse-bucket K`` (receive it,
-then answer 400 ``success: false``, as sglang does when its load fails).
+middle of the K-th distributed bucket), ``--die-during-disk-push K``, ``--die-on-version-check``,
+``--refuse-group-join`` and ``--refuse-bucket K`` (receive it, then answer 400 ``success: false``, as sglang
+does when its load fails).
 """
 
 from __future__ import annotations
@@ -41,24 +64,46 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Parse the sglang launch_server arguments the double cares about; return the rest as unknown."""
+SGLANG_VERSIONS = ("0.5.23", "0.5.19")
+"""The sglang versions whose behaviour the double follows (``--sglang-version``): 0.5.23 is the pinned one."""
+
+SESSIONS_SINCE = (0, 5, 21)
+"""Weight-update sessions (``/begin_weight_update``, ``/end_weight_update``) exist from 0.5.21 on
+(``python/sglang/srt/managers/scheduler_components/weight_updater.py``; 0.5.19 has neither route nor check)."""
+
+DEFAULT_LOADER_FORMATS = ("auto", "pt", "safetensors")
+"""Load formats sglang's ``update_weights_from_disk`` accepts: only ``DefaultModelLoader`` formats; ``dummy`` and
+the rest get "Failed to get model loader" (``python/sglang/srt/model_executor/model_runner_components/
+weight_updater.py``, 0.5.19 and 0.5.23; ``get_model_loader`` in ``model_loader/loader.py``)."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+"""What transformers' AutoTokenizer loads a tokenizer from; sglang loads one from ``--tokenizer-path`` (default:
+the model path) at start unless ``--skip-tokenizer-init`` (``python/sglang/srt/managers/tokenizer_manager.py``,
+0.5.19 and 0.5.23), and dies without one."""
+
+SERVER_FIELDS = ("host", "port", "model_path", "tokenizer_path", "load_format", "tp_size", "base_gpu_id",
+                 "skip_server_warmup", "skip_tokenizer_init", "enable_memory_saver", "dtype", "weight_version")
+"""The sglang ServerArgs fields the double acts on (names as in ``python/sglang/srt/server_args.py``)."""
+
+
+def double_parser() -> argparse.ArgumentParser:
+    """The double's own flags; everything else on the command line is sglang's."""
     parser = argparse.ArgumentParser(prog="sglang_double", add_help=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--load-format", default="auto")
-    parser.add_argument("--tp-size", "--tp", type=int, default=1)
-    parser.add_argument("--base-gpu-id", type=int, default=0)
-    parser.add_argument("--skip-server-warmup", action="store_true")
-    parser.add_argument("--weight-version", default="default")
     parser.add_argument("--record-dir", default=os.environ.get("SGLANG_DOUBLE_RECORD_DIR"))
+    parser.add_argument("--sglang-version", choices=SGLANG_VERSIONS, default=SGLANG_VERSIONS[0],
+                        help="the sglang version to answer as (double only)")
     parser.add_argument(
         "--startup-delay", type=float, default=0.0, help="seconds to wait before listening (double only)"
     )
     parser.add_argument(
         "--missing-endpoint", action="append", default=[],
         help="answer 404 on this path, like a minimal stand-in server (double only; repeatable)",
+    )
+    parser.add_argument(
+        "--health-generate-seconds", type=float, default=0.0, metavar="S",
+        help="/health_generate takes S seconds to answer, as sglang's may take up to 20 s (its one-token generation, "
+             "HEALTH_CHECK_TIMEOUT in python/sglang/srt/entrypoints/http_server.py) (double only)",
     )
     parser.add_argument(
         "--pin-weight-version", action="store_true",
@@ -77,7 +122,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument(
         "--die-on-version-check", action="store_true",
-        help="the first engine of the record dir to get /get_weight_version exits (code 17) instead of answering: "
+        help="the first engine of the record dir to get /model_info exits (code 17) instead of answering: "
              "it took the weights, then died (double only)",
     )
     parser.add_argument(
@@ -90,7 +135,88 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         help="receive the K-th /update_weights_from_distributed bucket, then answer 400 {success: false} as "
              "sglang does when loading it fails (double only)",
     )
-    return parser.parse_known_args(argv)
+    return parser
+
+
+def fallback_server_parser() -> argparse.ArgumentParser:
+    """sglang's launch_server flags the double acts on, when sglang's own parser is not there (see
+    :func:`real_sglang`); flags it does not know are recorded as unknown."""
+    parser = argparse.ArgumentParser(prog="sglang_double (fallback sglang parser)", add_help=False)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--tokenizer-path", default=None)
+    parser.add_argument("--load-format", default="auto")
+    parser.add_argument("--tp-size", "--tp", type=int, default=1)
+    parser.add_argument("--base-gpu-id", type=int, default=0)
+    parser.add_argument("--skip-server-warmup", action="store_true")
+    parser.add_argument("--skip-tokenizer-init", action="store_true")
+    parser.add_argument("--enable-memory-saver", action="store_true")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--weight-version", default="default")
+    return parser
+
+
+_REAL_SGLANG = None
+
+
+def real_sglang():
+    """tests/doubles/real_sglang.py (sglang's own parser and process group, when sglang is installed), loaded by
+    path since this file runs as a script; None when that module is not there or sglang is not installed."""
+    global _REAL_SGLANG
+    if _REAL_SGLANG is None:
+        import importlib.util
+
+        path = Path(__file__).with_name("real_sglang.py")
+        module = False
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location("sglang_double_real_sglang", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            if not module.available():
+                module = False
+        _REAL_SGLANG = module
+    return _REAL_SGLANG or None
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The double's flags plus the sglang ServerArgs fields it acts on (:data:`SERVER_FIELDS`), and the sglang
+    flags left unparsed. sglang's argv is parsed by sglang's own ``prepare_server_args`` when sglang is
+    installed (a flag it does not know then fails the start, as it fails sglang's); else by
+    :func:`fallback_server_parser`, said in one warning line. ``sglang_parser`` records which."""
+    args, rest = double_parser().parse_known_args(argv)
+    real = real_sglang()
+    if real is not None:
+        server = real.parse_server_args(rest)
+        fields = {name: getattr(server, name) for name in SERVER_FIELDS}
+        args.sglang_parser, unknown = f"real {real.VERSION}", []
+    else:
+        print("sglang_double: sglang's own argument parser is not available (no sglang, or no "
+              "tests/doubles/real_sglang.py): parsing sglang's flags with the double's fallback parser",
+              file=sys.stderr, flush=True)
+        server, unknown = fallback_server_parser().parse_known_args(rest)
+        fields = {name: getattr(server, name) for name in SERVER_FIELDS}
+        args.sglang_parser = "fallback"
+    fields["tokenizer_path"] = fields["tokenizer_path"] or fields["model_path"]
+    for name, value in fields.items():
+        setattr(args, name, value)
+    return args, unknown
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def start_problem(args: argparse.Namespace) -> str | None:
+    """Why sglang would die at start with these arguments: no tokenizer where it loads one from."""
+    if args.skip_tokenizer_init:
+        return None
+    tokenizer_dir = Path(args.tokenizer_path)
+    if any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return (f"no tokenizer in {tokenizer_dir} ({', '.join(TOKENIZER_FILES)}) and no --skip-tokenizer-init: sglang "
+            "loads the tokenizer at start (python/sglang/srt/managers/tokenizer_manager.py) and exits here")
 
 
 class DoubleState:
@@ -102,6 +228,9 @@ class DoubleState:
         self.weight_version = args.weight_version
         self.model_path = args.model_path
         self.memory_released = False
+        self.session_open = False
+        self.sessions = version_tuple(args.sglang_version) >= SESSIONS_SINCE
+        self.routes = routes_for(args.sglang_version)
         self.generation_paused = False
         self.healthy = True
         self.lock = threading.Lock()
@@ -118,11 +247,11 @@ class DoubleState:
             return None
         return self.record_dir / f"{kind}-{self.args.port}.{suffix}"
 
-    def record_call(self, method: str, path: str, body: object) -> None:
+    def record_call(self, method: str, path: str, body: object, status: int) -> None:
         target = self.record_file("calls", "jsonl")
         if target is None:
             return
-        line = json.dumps({"time": time.time(), "method": method, "path": path, "body": body})
+        line = json.dumps({"time": time.time(), "method": method, "path": path, "status": status, "body": body})
         with self.lock, open(target, "a", encoding="utf-8") as out:
             out.write(line + "\n")
 
@@ -167,17 +296,20 @@ def make_handler(state: DoubleState) -> type[BaseHTTPRequestHandler]:
 
         def _dispatch(self, method: str, body: object) -> None:
             path = self.path.split("?", 1)[0]
-            handler = None if path in state.args.missing_endpoint else ROUTES.get(path)
+            handler = None if path in state.args.missing_endpoint else state.routes.get(path)
             if handler is None:
-                state.record_call(method, path, body)
+                state.record_call(method, path, body, 404)
                 self._send(404, {"error": f"the sglang double does not implement {method} {path}"})
                 return
+            note = None
             try:
-                status, payload = handler(state, body if isinstance(body, dict) else {})
+                status, payload, *rest = handler(state, body if isinstance(body, dict) else {})
+                note = rest[0] if rest else None
             except Exception as exc:  # noqa: BLE001 - answer like a server would, and say what failed
                 status, payload = 500, {"success": False, "message": f"{type(exc).__name__}: {exc}"}
             received = payload.get("received") if isinstance(payload, dict) else None
-            state.record_call(method, path, body if received is None else {**body, "received": received})
+            extra = {**({"received": received} if received is not None else {}), **({"double": note} if note else {})}
+            state.record_call(method, path, {**(body or {}), **extra} if extra else body, status)
             self._send(status, payload)
 
     return Handler
@@ -188,6 +320,8 @@ def _health(state: DoubleState, body: dict) -> tuple[int, object]:
 
 
 def _health_generate(state: DoubleState, body: dict) -> tuple[int, object]:
+    if state.args.health_generate_seconds:
+        time.sleep(state.args.health_generate_seconds)
     if state.memory_released:
         return 503, "memory released: resume it before generating"
     return _health(state, body)
@@ -197,13 +331,25 @@ def _flush_cache(state: DoubleState, body: dict) -> tuple[int, object]:
     return 200, "Cache flushed."
 
 
-def _get_weight_version(state: DoubleState, body: dict) -> tuple[int, object]:
+def _model_info(state: DoubleState, body: dict) -> tuple[int, object]:
+    """``GET /model_info`` (and the deprecated ``/get_model_info``, same answer): the served model and its
+    ``weight_version`` (python/sglang/srt/entrypoints/http_server.py, 0.5.19 and 0.5.23; both answer
+    ``/get_weight_version`` 404, so the double has no such route)."""
     if state.args.die_on_version_check and _first_death(state):
         os._exit(17)
-    return 200, {"weight_version": state.weight_version}
+    return 200, {"model_path": state.model_path, "tokenizer_path": state.args.tokenizer_path, "is_generation": True,
+                 "weight_version": state.weight_version, "load_format": state.args.load_format}
 
 
 def _update_weights_from_disk(state: DoubleState, body: dict) -> tuple[int, object]:
+    """A body without ``load_format`` loads with the server's own (python/sglang/srt/managers/tokenizer_manager.py,
+    ``update_weights_from_disk``), and only default-loader formats load (:data:`DEFAULT_LOADER_FORMATS`): a server
+    started with ``--load-format dummy`` refuses such a body with 400 ``success: false``."""
+    load_format = body.get("load_format") or state.args.load_format
+    if load_format not in DEFAULT_LOADER_FORMATS:
+        return 400, {"success": False, "message": f"Failed to get model loader: {load_format} loader (refused by the "
+                                                  "sglang double as sglang's update_weights_from_disk refuses it).",
+                     "num_paused_requests": 0}
     model_path = body.get("model_path")
     if not model_path or not Path(model_path).is_dir():
         return 400, {"success": False, "message": f"model_path {model_path!r} is not a directory"}
@@ -236,12 +382,10 @@ def _checkpoint_summary(directory: Path) -> dict | None:
     return {"tensors": len(tensors), "abs_sum": sum(float(t.double().abs().sum()) for t in tensors.values())}
 
 
-def _init_weights_update_group(state: DoubleState, body: dict) -> tuple[int, object]:
-    """Join the trainer's weight-sync group the way sglang's engines do (a TCP store under the group's name)."""
-    import datetime
-
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
-
+def _init_weights_update_group(state: DoubleState, body: dict) -> tuple[int, object, dict]:
+    """Join the trainer's weight-sync group with sglang's own ``init_custom_process_group``
+    (python/sglang/srt/utils/common.py) when sglang is installed, else the way it does (a TCP store under the
+    group's name); the call log says which."""
     if state.args.tp_size != 1:
         return 400, {"success": False, "message": "the double joins weight groups with --tp-size 1 only"}
     if state.args.refuse_group_join and _first_death(state):
@@ -258,16 +402,32 @@ def _init_weights_update_group(state: DoubleState, body: dict) -> tuple[int, obj
     else:
         return 400, {"success": False, "message": f"the double joins gloo groups, or nccl ones with CUDA, not {backend}"}
     name, rank, world_size = body["group_name"], int(body["rank_offset"]), int(body["world_size"])
-    timeout = datetime.timedelta(seconds=60)
-    store, rank, world_size = next(rendezvous(f"tcp://{body['master_address']}:{body['master_port']}", rank,
-                                              world_size, timeout=timeout))
+    init_method = f"tcp://{body['master_address']}:{body['master_port']}"
+    real = real_sglang()
+    if real is not None:
+        group = real.init_weight_group(backend=backend, init_method=init_method, world_size=world_size, rank=rank,
+                                       group_name=name, timeout_s=60)
+        made_by = f"sglang {real.VERSION} init_custom_process_group"
+    else:
+        group, made_by = _own_weight_group(backend, init_method, world_size, rank, name, 60), "fallback"
+    state.weight_groups[name] = group
+    state.weight_group_devices[name] = device
+    return 200, {"success": True, "message": f"joined {name} as rank {rank} of {world_size}"}, {"group": made_by}
+
+
+def _own_weight_group(backend: str, init_method: str, world_size: int, rank: int, name: str, timeout_s: float):
+    """A process group formed as sglang's ``init_custom_process_group`` forms one, without sglang installed."""
+    import datetime
+
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(name, store),
                                          group_name=name, timeout=timeout)
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
-    state.weight_groups[name] = group
-    state.weight_group_devices[name] = device
-    return 200, {"success": True, "message": f"joined {name} as rank {rank} of {world_size}"}
+    return group
 
 
 def _destroy_weights_update_group(state: DoubleState, body: dict) -> tuple[int, object]:
@@ -280,11 +440,40 @@ def _destroy_weights_update_group(state: DoubleState, body: dict) -> tuple[int, 
     return 200, {"success": True, "message": ""}
 
 
+def _session_refusal(state: DoubleState, path: str) -> tuple[int, object] | None:
+    """sglang >= 0.5.21 refuses a distributed or tensor update outside a weight-update session with 400, before
+    receiving anything (python/sglang/srt/managers/scheduler_components/weight_updater.py, 0.5.23)."""
+    if state.sessions and not state.session_open:
+        return 400, {"success": False, "message": f"{path.strip('/')} must run between begin_weight_update() and "
+                                                  "end_weight_update()"}
+    return None
+
+
+def _begin_weight_update(state: DoubleState, body: dict) -> tuple[int, object]:
+    """Open the weight-update session; a second one is refused (weight_updater.py, 0.5.23)."""
+    if state.session_open:
+        return 400, {"success": False, "message": "a weight-update session is already open; call "
+                                                  "end_weight_update() first"}
+    state.session_open = True
+    return 200, {"success": True, "message": "Success"}
+
+
+def _end_weight_update(state: DoubleState, body: dict) -> tuple[int, object]:
+    """Close the weight-update session; none open is refused (weight_updater.py, 0.5.23)."""
+    if not state.session_open:
+        return 400, {"success": False, "message": "no weight-update session is open; call begin_weight_update() first"}
+    state.session_open = False
+    return 200, {"success": True, "message": "Success"}
+
+
 def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[int, object]:
     """Receive one bucket by broadcast from rank 0 of the named group, in the announced order."""
     import torch
     import torch.distributed as dist
 
+    refused = _session_refusal(state, "/update_weights_from_distributed")
+    if refused is not None:
+        return refused
     group = state.weight_groups.get(body.get("group_name"))
     if group is None:
         return 400, {"success": False, "message": f"no weight group {body.get('group_name')!r}: init it first"}
@@ -352,6 +541,9 @@ def _tensor_payload():
 def _update_weights_from_tensor(state: DoubleState, body: dict) -> tuple[int, object]:
     """Open every TP rank's entry as sglang does (restricted unpickler; a GPU UUID maps to the local index)
     and record what arrived: names, shapes, dtypes, devices and a sum of |values| per entry."""
+    refused = _session_refusal(state, "/update_weights_from_tensor")
+    if refused is not None:
+        return refused
     if state.memory_released:
         return 400, {"success": False, "message": "memory released: resume it before updating weights"}
     if body.get("load_format") is not None:
@@ -381,14 +573,17 @@ def _update_weights_from_tensor(state: DoubleState, body: dict) -> tuple[int, ob
     return 200, {"success": True, "message": "Succeeded to update model weights.", "received": received}
 
 
-def _release_memory(state: DoubleState, body: dict) -> tuple[int, object]:
-    state.memory_released = True
-    return 200, {"success": True}
+def _release_memory(state: DoubleState, body: dict) -> tuple[int, object, dict]:
+    """Releases memory only with ``--enable-memory-saver``: without it sglang's memory saver adapter is a no-op
+    (python/sglang/srt/utils/torch_memory_saver_adapter.py, 0.5.19 and 0.5.23). The answer is sglang's (null);
+    whether anything was released goes to the call log."""
+    state.memory_released = bool(state.args.enable_memory_saver)
+    return 200, None, {"memory_released": state.memory_released}
 
 
-def _resume_memory(state: DoubleState, body: dict) -> tuple[int, object]:
+def _resume_memory(state: DoubleState, body: dict) -> tuple[int, object, dict]:
     state.memory_released = False
-    return 200, {"success": True}
+    return 200, None, {"memory_released": False}
 
 
 def _pause_generation(state: DoubleState, body: dict) -> tuple[int, object]:
@@ -418,7 +613,10 @@ ROUTES = {
     "/health": _health,
     "/health_generate": _health_generate,
     "/flush_cache": _flush_cache,
-    "/get_weight_version": _get_weight_version,
+    "/model_info": _model_info,
+    "/get_model_info": _model_info,
+    "/begin_weight_update": _begin_weight_update,
+    "/end_weight_update": _end_weight_update,
     "/update_weights_from_disk": _update_weights_from_disk,
     "/update_weight_version": _update_weight_version,
     "/update_weights_from_tensor": _update_weights_from_tensor,
@@ -434,8 +632,24 @@ ROUTES = {
 }
 
 
+def routes_for(version: str) -> dict:
+    """The routes of ``version``: before 0.5.21 there are no weight-update session routes (404)."""
+    if version_tuple(version) >= SESSIONS_SINCE:
+        return dict(ROUTES)
+    return {path: handler for path, handler in ROUTES.items() if path not in ("/begin_weight_update",
+                                                                             "/end_weight_update")}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:  # sglang's own parser refused the argv: sglang's launcher exits 2 with argparse's line
+        print(f"sglang_double: {exc}", file=sys.stderr, flush=True)
+        return 2
+    problem = start_problem(args)
+    if problem is not None:
+        print(f"sglang_double: {problem}", file=sys.stderr, flush=True)
+        return 1
     state = DoubleState(args, unknown)
     if args.startup_delay:
         time.sleep(args.startup_delay)
@@ -445,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
         "pid": os.getpid(),
         "pgid": os.getpgid(0),
         "argv": sys.argv if argv is None else argv,
+        "sglang_version": args.sglang_version,
+        "sglang_parser": args.sglang_parser,
         "known": vars(args),
         "unknown": unknown,
         "time": time.time(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,11 +46,12 @@ def job_file(tmp_path: Path, mode: str = "forge", ft: dict | None = None, rollou
     return path
 
 
-def forge_replay_run(tmp_path: Path, job: Path, *, engine_command: bool = True, env: dict | None = None):
+def forge_replay_run(tmp_path: Path, job: Path, *, engine_command: bool = True, env: dict | None = None,
+                     double_flags: str = ""):
     argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--synth-missing", "--no-progress",
             "--dumps-root", str(tmp_path / "dumps"), "--results", str(tmp_path / "results")]
     if engine_command:
-        argv += ["--engine-command", f"{sys.executable} {DOUBLE} --record-dir {tmp_path / 'double'}"]
+        argv += ["--engine-command", f"{sys.executable} {DOUBLE} --record-dir {tmp_path / 'double'} {double_flags}"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env={**os.environ, **(env or {})})
 
@@ -73,6 +75,17 @@ def pushed_versions(engine: dict) -> list[str]:
     return [c["body"]["weight_version"] for c in engine["calls"] if c["path"] == "/update_weights_from_disk"]
 
 
+def refused(engine: dict) -> list[tuple[str, int]]:
+    """Requests the double answered 404, 405 or 422 (a route or body sglang would not take)."""
+    return [(c["path"], c["status"]) for c in engine["calls"] if c["status"] in (404, 405, 422)]
+
+
+def session_order(engine: dict) -> list[str]:
+    """The session and update requests in order, one letter each: B(egin), U(pdate), E(nd)."""
+    letters = {"/begin_weight_update": "B", "/update_weights_from_distributed": "U", "/end_weight_update": "E"}
+    return [letters[c["path"]] for c in engine["calls"] if c["path"] in letters]
+
+
 def test_forge_run_keeps_engines_alive_pushes_every_step_and_stops_them(tmp_path):
     result = forge_replay_run(tmp_path, job_file(tmp_path, rollouts=3, eval_interval=3))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -82,9 +95,15 @@ def test_forge_run_keeps_engines_alive_pushes_every_step_and_stops_them(tmp_path
         paths = [c["path"] for c in engine["calls"]]
         assert paths[0] == "/health_generate"  # health-checked before the run uses it
         assert pushed_versions(engine) == ["1", "2", "3"]  # one push per training step, advancing
-        assert paths.count("/get_weight_version") == 3 and paths.count("/flush_cache") == 3
+        assert paths.count("/model_info") == 3 and paths.count("/flush_cache") == 3  # every version read back
         assert paths.count("/health_generate") == 2  # start + the eval fleet's self-probe (no FT)
-        assert engine["starts"][0]["unknown"] == ["--mem-fraction-static", "0.5"]
+        assert not refused(engine)
+        start = engine["starts"][0]
+        real_parser = start["sglang_parser"].startswith("real")  # sglang's own parser knows every flag we pass
+        assert start["unknown"] == ([] if real_parser else ["--mem-fraction-static", "0.5"])
+        assert start["known"]["skip_tokenizer_init"] and start["known"]["dtype"] == "float32"  # the trainer's dtype
+        assert {c["body"]["load_format"] for c in engine["calls"]
+                if c["path"] == "/update_weights_from_disk"} == {"safetensors"}  # never the server's dummy
         last_call = engine["calls"][-1]["time"]
         assert engine["stopped"] and not pid_alive(engine["starts"][0]["pid"])
         stop = json.loads((tmp_path / "double" / f"stop-{engine['starts'][0]['known']['port']}.json").read_text())
@@ -143,11 +162,30 @@ def test_distributed_weight_sync_broadcasts_the_same_weights_the_disk_path_loads
         for version, summary in got.items():
             assert summary["tensors"] == expected[version]["tensors"]
             assert summary["abs_sum"] == pytest.approx(expected[version]["abs_sum"], rel=1e-9)
-        assert paths.count("/get_weight_version") == 2 and paths.count("/flush_cache") == 2
+        assert paths.count("/model_info") == 2 and paths.count("/flush_cache") == 2
+        # sglang 0.5.23 takes distributed updates only inside a weight-update session, one per push
+        # (python/sglang/srt/managers/scheduler_components/weight_updater.py): every bucket between its begin and end
+        assert re.fullmatch("(BU+E){2}", "".join(session_order(engine))), session_order(engine)
+        assert not refused(engine)
         assert engine["stopped"] and not pid_alive(engine["starts"][0]["pid"])
     assert sorted(rank for _, rank in groups) == [1, 2] and len({name for name, _ in groups}) == 1
     report = json.loads((dist_dir / "results" / "report.json").read_text())["engines"]
     assert report["weight_sync"] == "distributed" and report["weight_versions"] == ["1", "2"]
+
+
+def test_distributed_run_against_sglang_0_5_19_goes_on_without_sessions(tmp_path):
+    """0.5.19 has no /begin_weight_update (404, python/sglang/srt/entrypoints/http_server.py): each engine is
+    asked once, then pushed to without a session; versions are still read back from /model_info."""
+    result = forge_replay_run(tmp_path, job_file(tmp_path, rollouts=2, weight_sync="distributed"),
+                              double_flags="--sglang-version 0.5.19")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for engine in records(tmp_path).values():
+        paths = [c["path"] for c in engine["calls"]]
+        assert refused(engine) == [("/begin_weight_update", 404)]
+        assert "/end_weight_update" not in paths and paths.count("/model_info") == 2
+        versions = [c["body"]["weight_version"] for c in engine["calls"]
+                    if c["path"] == "/update_weights_from_distributed"]
+        assert [v for v in versions if v] == ["1", "2"]
 
 
 @pytest.mark.parametrize("weight_sync", ["disk", "distributed"])

@@ -20,7 +20,7 @@ import yaml
 
 from forge_replay.runtime.engines.http import engine_call
 from forge_replay.runtime.engines.process import free_port
-from forge_replay.runtime.weights.calls import WeightSyncError, post_weight_request
+from forge_replay.runtime.weights.calls import WeightSyncError, begin_weight_update, post_weight_request
 from forge_replay.runtime.weights.ipc import serialize_named_tensors, update_request_body
 from forge_replay.runtime.weights.tensor import EngineFeed
 
@@ -34,22 +34,25 @@ TINY_LLAMA = {
 
 @pytest.fixture
 def start_double(tmp_path):
-    """Start sglang double processes (``--tp-size N``); each answers /health before it is returned."""
+    """Start sglang double processes (``--tp-size N``); each answers /health before it is returned, with a
+    weight-update session open (sglang 0.5.23 refuses /update_weights_from_tensor outside one:
+    python/sglang/srt/managers/scheduler_components/weight_updater.py)."""
     started: list[subprocess.Popen] = []
 
     def start(tp_size: int = 1, *extra: str) -> tuple[str, Path]:
         port, records = free_port(), tmp_path / "double"
         proc = subprocess.Popen(
             [sys.executable, str(DOUBLE), "--port", str(port), "--model-path", "m", "--tp-size", str(tp_size),
-             "--record-dir", str(records), *extra],
+             "--skip-tokenizer-init", "--record-dir", str(records), *extra],
             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         started.append(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # with sglang installed the double imports sglang's own parser
         while True:
             try:
                 engine_call(url, "/health", timeout_s=2)
+                begin_weight_update(url)
                 return url, records / f"calls-{port}.jsonl"
             except Exception:  # noqa: BLE001 - not listening yet
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -82,7 +85,7 @@ def test_the_double_opens_every_tp_entry_and_records_what_arrived(start_double):
     body = update_request_body([serialize_named_tensors(first), serialize_named_tensors(second)],
                                flush_cache=True, weight_version="7")
     answer = post_weight_request(url, "/update_weights_from_tensor", body, "a test push")
-    assert engine_call(url, "/get_weight_version") == {"weight_version": "7"}
+    assert engine_call(url, "/model_info")["weight_version"] == "7"
     received = answer["received"]
     assert received["names"] == ["model.embed_tokens.weight", "model.norm.weight"]
     assert received["shapes"] == [[8, 4], [4]] and received["dtypes"] == ["float32", "bfloat16"]
@@ -93,7 +96,7 @@ def test_the_double_opens_every_tp_entry_and_records_what_arrived(start_double):
 
 
 def test_the_double_refuses_a_malicious_entry_a_wrong_count_and_a_released_memory(start_double, tmp_path):
-    url, _ = start_double(tp_size=1)
+    url, _ = start_double(1, "--enable-memory-saver")  # without it a release frees nothing
     marker = tmp_path / "pwned"
 
     class Evil:
@@ -113,7 +116,7 @@ def test_the_double_refuses_a_malicious_entry_a_wrong_count_and_a_released_memor
     with pytest.raises(WeightSyncError, match="memory released"):
         post_weight_request(url, "/update_weights_from_tensor",
                             update_request_body([payload], flush_cache=False, weight_version="1"), "released")
-    assert engine_call(url, "/get_weight_version") == {"weight_version": "default"}
+    assert engine_call(url, "/model_info")["weight_version"] == "default"
 
 
 # ------------------------------------------------------------------------ trainer ranks on a local Ray (CPU)
@@ -171,7 +174,7 @@ def test_trainer_ranks_push_every_bucket_to_the_engines_they_feed(cpu_trainer, s
         assert sum(c["received"]["abs_sum"] for c in calls) == pytest.approx(expected_sum, rel=1e-9)
         for call in calls:  # every TP rank's entry holds the same full tensors
             assert call["received"]["abs_sums"] == [pytest.approx(call["received"]["abs_sum"])] * entries
-    assert engine_call(url_a, "/get_weight_version") == {"weight_version": "1"}
+    assert engine_call(url_a, "/model_info")["weight_version"] == "1"
 
 
 @pytest.mark.ray

@@ -16,6 +16,7 @@ from forge_replay.runtime.engines.process import (
     ModelSource,
     build_engine_argv,
     engine_count,
+    engine_env,
     prepare_model_source,
     resolve_engine_command,
 )
@@ -39,6 +40,7 @@ def test_argv_passes_engine_args_and_sets_what_forge_replay_owns():
         "python", "-m", "sglang.launch_server",
         "--host", "10.0.0.5", "--port", "31000", "--model-path", "/scratch/engine-model",
         "--tp-size", "2", "--base-gpu-id", "4", "--load-format", "dummy", "--skip-server-warmup",
+        "--skip-tokenizer-init",
         "--mem-fraction-static", "0.7", "--context-length", "65536", "--enable-memory-saver", "--trust-remote-code",
     ]
 
@@ -49,6 +51,50 @@ def test_argv_for_a_checkpoint_has_no_load_format_and_user_load_format_wins():
     assert "--load-format" not in argv and "--base-gpu-id" not in argv
     argv = build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1, engine_args={"load-format": "auto"})
     assert argv.count("--load-format") == 1 and argv[argv.index("--load-format") + 1] == "auto"
+
+
+def option(argv: list[str], name: str) -> str | None:
+    """The value after ``name`` in ``argv`` (None when absent)."""
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_a_model_without_a_tokenizer_starts_with_skip_tokenizer_init(tmp_path):
+    """sglang loads a tokenizer from the model path at start unless --skip-tokenizer-init
+    (python/sglang/srt/managers/tokenizer_manager.py, 0.5.19 and 0.5.23): a config-only model has none."""
+    def argv(model: ModelSource, engine_args: dict | None = None) -> list[str]:
+        return build_engine_argv(["srv"], host="h", port=1, model=model, tp_size=1, engine_args=engine_args or {})
+
+    assert "--skip-tokenizer-init" in argv(DUMMY)
+    bare, with_tokenizer = tmp_path / "bare", tmp_path / "with-tokenizer"
+    bare.mkdir(), with_tokenizer.mkdir()
+    (with_tokenizer / "tokenizer.json").write_text("{}")
+    assert "--skip-tokenizer-init" in argv(prepare_model_source(None, str(bare), None, tmp_path))
+    assert "--skip-tokenizer-init" not in argv(prepare_model_source(None, str(with_tokenizer), None, tmp_path))
+    assert "--skip-tokenizer-init" not in argv(DUMMY, {"tokenizer-path": "/models/tok"})  # the user's tokenizer
+    assert "--skip-tokenizer-init" not in argv(DUMMY, {"skip-tokenizer-init": "false"})  # the user's choice
+
+
+def test_engines_run_in_the_trainers_dtype_unless_engine_args_set_one():
+    """Without --dtype sglang turns a float32 or absent config dtype into float16
+    (python/sglang/srt/configs/model_config.py, 0.5.23), while the trainer pushes its own dtype."""
+    argv = build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1, engine_args={}, dtype="bfloat16")
+    assert option(argv, "--dtype") == "bfloat16"
+    argv = build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1, engine_args={"dtype": "float16"},
+                             dtype="bfloat16")
+    assert argv.count("--dtype") == 1 and option(argv, "--dtype") == "float16"
+    assert "--dtype" not in build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1, engine_args={})
+
+
+def test_colocated_engines_start_with_the_memory_saver_and_without_the_trainers_allocator_setting():
+    """/release_memory_occupation releases nothing without --enable-memory-saver
+    (python/sglang/srt/utils/torch_memory_saver_adapter.py); expandable segments cannot go with its memory pool."""
+    argv = build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1, engine_args={}, memory_saver=True)
+    assert argv.count("--enable-memory-saver") == 1
+    assert "--enable-memory-saver" not in build_engine_argv(["srv"], host="h", port=1, model=DUMMY, tp_size=1,
+                                                            engine_args={})
+    env = engine_env({"PATH": "/bin", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                      "PYTORCH_ALLOC_CONF": "expandable_segments:True", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}
 
 
 @pytest.mark.parametrize("key", ["port", "--host", "model-path", "tp-size", "base-gpu-id"])
@@ -90,7 +136,7 @@ def test_model_from_config_is_written_for_a_dummy_load(tmp_path):
 def test_model_path_is_resolved_under_the_model_root_and_must_exist(tmp_path):
     (tmp_path / "Qwen3-8B").mkdir()
     source = prepare_model_source(None, "Qwen3-8B", str(tmp_path), tmp_path / "scratch")
-    assert source == ModelSource(str(tmp_path / "Qwen3-8B"), None, from_config=False)
+    assert source == ModelSource(str(tmp_path / "Qwen3-8B"), None, from_config=False, has_tokenizer=False)
     with pytest.raises(FileNotFoundError, match="spec.model.path: model directory .*missing"):
         prepare_model_source(None, "missing", str(tmp_path), tmp_path / "scratch")
 
@@ -134,6 +180,14 @@ def test_router_only_in_front_of_several_sglang_engines():
     assert plan_router(4, False, True).launch
     argv = build_router_argv(["http://a:1", "http://b:2"], "0.0.0.0", 30000)
     assert argv[1:3] == ["-m", "sglang_router.launch_router"] and argv[-3:] == ["--worker-urls", "http://a:1", "http://b:2"]
+    assert "--disable-health-check" in argv  # our monitor probes; the router's own checks would generate mid-push
+
+
+def test_the_router_argv_parses_with_sglang_routers_own_parser():
+    """The flag names are sglang_router's (0.3.2: ``--disable-health-check`` in router_args.py)."""
+    launch = pytest.importorskip("sglang_router.launch_router")
+    args = launch.parse_router_args(build_router_argv(["http://a:1", "http://b:2"], "127.0.0.1", 30000)[3:])
+    assert args.disable_health_check is True and args.worker_urls == ["http://a:1", "http://b:2"]
 
 
 def test_nvidia_smi_lines_are_summed_for_our_processes_only():

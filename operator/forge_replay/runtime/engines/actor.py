@@ -8,6 +8,7 @@ stops the process (and deletes what it wrote) when it stops or dies.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge_replay.runtime.engines.process import EngineProcess, ModelSource, build_engine_argv, free_port
+from forge_replay.runtime.engines.process import EngineProcess, ModelSource, build_engine_argv, engine_env, free_port
 from forge_replay.runtime.weights.disk import stage_checkpoint
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class EngineActor:
         colocated_base_gpu_id: int | None = None,
         use_gpus: bool = False,
         caller_node_ip: str | None = None,
+        dtype: str | None = None,
+        memory_saver: bool = False,
     ):
         self.index = index
         self.command = list(command)
@@ -57,6 +60,8 @@ class EngineActor:
         self.log_dir = Path(log_dir)
         self.colocated_base_gpu_id = colocated_base_gpu_id
         self.use_gpus = use_gpus
+        self.dtype = dtype
+        self.memory_saver = memory_saver
         self.engine: EngineProcess | None = None
         self.node_ip = self._node_ip()
         # On the caller's own node (always so for `forge-replay run`) the engine listens on loopback: nothing
@@ -96,7 +101,7 @@ class EngineActor:
         if target not in self._scratch:
             self._scratch.append(target)
         (target / "config.json").write_text(json.dumps(dict(model.config), indent=1, sort_keys=True))
-        return ModelSource(str(target), model.load_format, True, model.config)
+        return dataclasses.replace(model, model_path=str(target))
 
     def _log_path(self) -> Path:
         """engine-N.log under the run's engine-logs dir, or under /tmp when that is not writable on this
@@ -121,6 +126,8 @@ class EngineActor:
             tp_size=self.tp_size,
             engine_args=self.engine_args,
             base_gpu_id=self._base_gpu_id(),
+            dtype=self.dtype,
+            memory_saver=self.memory_saver,
         )
 
     def start(self, health_timeout_s: float) -> EngineInfo:
@@ -129,7 +136,7 @@ class EngineActor:
             self.engine.stop()
         self.starts += 1
         url = f"http://{self.host}:{self.port}"
-        self.engine = EngineProcess(self.argv(), url, self._log_path())
+        self.engine = EngineProcess(self.argv(), url, self._log_path(), env=engine_env(os.environ))
         self.engine.start()
         took = self.engine.wait_healthy(health_timeout_s)
         return EngineInfo(self.index, url, self.engine.pid or -1, self.node_ip, took)

@@ -36,7 +36,9 @@ from forge_replay.runtime.engines.router import Router, plan_router, router_inst
 from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_rollout_side, plan_weight_sync
 from forge_replay.runtime.weights.calls import (
     WeightSyncError,
+    begin_weight_update,
     confirm_weights,
+    end_weight_update,
     post_weight_request,
     release_memory,
     resume_memory,
@@ -107,6 +109,8 @@ class FleetSettings:
     gpus_per_node: int = 0
     weight_sync: str = "auto"
     """``spec.rollout.weightSync``, resolved with :func:`plan_weight_sync` (see :attr:`EngineFleet.weight_sync`)."""
+    dtype: str | None = None
+    """The trainer's dtype (``spec.trainer.dtype``): the engines' ``--dtype`` unless engineArgs set one."""
 
 
 @dataclass
@@ -162,6 +166,10 @@ class EngineFleet:
         self.generation = 0
         """Bumped whenever engines are (re)started: a distributed push then forms a new weight group."""
         self._weight_group: WeightGroup | None = None
+        self._sessions: set[str] = set()
+        """Engines with a weight-update session open (:func:`begin_weight_update`)."""
+        self._without_sessions: set[str] = set()
+        """Engines that answered 404 to /begin_weight_update (sglang before 0.5.21): pushed to without one."""
 
     # ------------------------------------------------------------------ construction
 
@@ -199,6 +207,7 @@ class EngineFleet:
             health_first_wait_s=health.first_wait_seconds,
             startup_timeout_s=startup_timeout_s,
             weight_sync=rollout.weight_sync,
+            dtype=spec.trainer.dtype,
         )
         return cls(
             settings, plan, command, model, work_dir,
@@ -233,7 +242,7 @@ class EngineFleet:
         return engine_actor_class().options(**options).remote(
             index, self.command, self.model, self.settings.gpus_per_engine, dict(self.settings.engine_args),
             str(self.work_dir / "engine-logs"), colocated_base_gpu_id=base_gpu, use_gpus=self.settings.use_gpus,
-            caller_node_ip=self._node_ip,
+            caller_node_ip=self._node_ip, dtype=self.settings.dtype, memory_saver=self.settings.colocate,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -310,7 +319,8 @@ class EngineFleet:
 
     def prepare_weight_sync(self, step: int) -> SyncTarget:
         """Before any push: monitors pause, dead engines are recovered (rollout FT) or refused, colocated
-        engines take their memory back. Returns the version to push and the engines' generation."""
+        engines take their memory back, and on the distributed and tensor paths every engine opens a weight-update
+        session. Returns the version to push and the engines' generation."""
         if self.monitor is not None:
             self.monitor.pause()
         if self.plan.recover_before_weight_sync:
@@ -320,6 +330,8 @@ class EngineFleet:
         if self._released:
             self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
             self._released = False
+        if self.weight_sync.path in ("distributed", "tensor"):
+            self._each(self._begin_session)
         return SyncTarget(str(len(self.weight_versions) + 1), self.generation,
                           tuple(self.settings.gpus_per_engine for _ in self.engines), self._engine_gpus())
 
@@ -452,6 +464,7 @@ class EngineFleet:
         push is retried (the next ``prepare_weight_sync`` restarts it and a new weight group is formed).
         An engine dead without rollout FT raises :class:`EngineDead`; anything else (a refusal) returns False:
         the run fails with ``error``, FT or not (sglang's weights are then partly updated)."""
+        self._end_sessions_after_failure()
         dead = self.dead_engines()
         if not dead:
             return False
@@ -464,8 +477,38 @@ class EngineFleet:
             f"(faultTolerance.enabled with rollout in components), so it is not restarted: {error}"
         )
 
+    def _begin_session(self, url: str) -> None:
+        if url in self._without_sessions:
+            return
+        if begin_weight_update(url, timeout_s=self.settings.push_timeout_s):
+            self._sessions.add(url)
+            return
+        self._without_sessions.add(url)
+        log.warning("engine %s answers 404 to /begin_weight_update (sglang before 0.5.21): its weights are updated "
+                    "without a weight-update session", url)
+
+    def _end_session(self, url: str) -> None:
+        if url in self._sessions:
+            self._sessions.discard(url)
+            end_weight_update(url, timeout_s=self.settings.push_timeout_s)
+
+    def _end_sessions_after_failure(self) -> None:
+        """Close the sessions still open after a failed push on the engines still alive (a dead or restarted one
+        lost its session with its process); a failure here is logged: the push's own error is the one raised."""
+        alive = {e.info.url for e in self.engines if e.info is not None and self._alive(e)[0]}
+        for url in list(self._sessions):
+            if url not in alive:
+                self._sessions.discard(url)
+                continue
+            try:
+                self._end_session(url)
+            except WeightSyncError as exc:
+                log.warning("after a failed weight push: %s", exc)
+
     def finish_weight_sync(self, step: int, version: str) -> str:
-        """After a tensor or distributed push: every engine must report ``version``; caches flushed."""
+        """After a tensor or distributed push: every engine closes its weight-update session and must report
+        ``version``; caches flushed."""
+        self._each(self._end_session)
         results = self._each(lambda url: confirm_weights(url, version, timeout_s=self.settings.push_timeout_s))
         self._record_push(step, version, results, f"{self.weight_sync.path} ({self.weight_sync.reason})")
         return version

@@ -69,6 +69,24 @@ class ModelSource:
     from_config: bool
     config: Mapping | None = None
     """The model config when ``from_config``: an engine on another node writes it there itself."""
+    has_tokenizer: bool = False
+    """Whether ``model_path`` holds a tokenizer (see :data:`TOKENIZER_FILES`); a config-only model has none."""
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+"""Files of a Hugging Face tokenizer: a model directory with none of them has no tokenizer, and sglang, which loads
+one from the model path at start unless ``--skip-tokenizer-init`` is given (``managers/tokenizer_manager.py``),
+would die there."""
+
+ENGINE_ENV_DROPPED = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+"""Trainer settings an engine must not inherit: expandable segments (the trainer's allocator setting, under its old
+and new name) cannot be used with the memory pool of sglang's ``--enable-memory-saver`` (slime strips it too)."""
+
+STARTUP_PROBE_TIMEOUT_S = 30.0
+"""Timeout of one start-up ``/health_generate`` probe: sglang itself waits up to 20 s for the probe's one-token
+generation (``HEALTH_CHECK_TIMEOUT``, ``entrypoints/http_server.py``, 0.5.19 and 0.5.23); a shorter timeout
+cuts the probe off and sends another generation."""
 
 
 def prepare_model_source(
@@ -80,7 +98,7 @@ def prepare_model_source(
         target = Path(scratch_dir) / "engine-model"
         target.mkdir(parents=True, exist_ok=True)
         (target / "config.json").write_text(json.dumps(dict(model_config), indent=1, sort_keys=True))
-        return ModelSource(str(target), "dummy", from_config=True, config=dict(model_config))
+        return ModelSource(str(target), "dummy", from_config=True, config=dict(model_config), has_tokenizer=False)
     if not model_path:
         raise ValueError("spec.model: neither config nor path is set (the spec validation should have refused it)")
     full = Path(model_root or "") / model_path if model_root else Path(model_path)
@@ -89,7 +107,17 @@ def prepare_model_source(
             f"spec.model.path: model directory {full} does not exist "
             f"(model root {model_root!r}); check spec.model.claimName/path or --model-root"
         )
-    return ModelSource(str(full), None, from_config=False)
+    return ModelSource(str(full), None, from_config=False, has_tokenizer=holds_tokenizer(full))
+
+
+def holds_tokenizer(directory: Path) -> bool:
+    """Whether ``directory`` holds any of :data:`TOKENIZER_FILES`."""
+    return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def engine_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of an engine process: ``environ`` without :data:`ENGINE_ENV_DROPPED`."""
+    return {key: value for key, value in environ.items() if key not in ENGINE_ENV_DROPPED}
 
 
 def build_engine_argv(
@@ -101,12 +129,18 @@ def build_engine_argv(
     tp_size: int,
     engine_args: Mapping[str, str],
     base_gpu_id: int | None = None,
+    dtype: str | None = None,
+    memory_saver: bool = False,
 ) -> list[str]:
     """argv of one engine server: the command, then sglang's launch_server arguments.
 
     engineArgs pass through as ``--key value``; ``""`` or ``"true"`` passes the flag alone and
-    ``"false"`` leaves it out (sglang's on/off switches take no value). The server warm-up is skipped; a model from a config loads random weights
-    (``--load-format dummy``) unless engineArgs set ``load-format``.
+    ``"false"`` leaves it out (sglang's on/off switches take no value). Unless engineArgs set them: the server
+    warm-up is skipped; a model from a config loads random weights (``--load-format dummy``); a model without a
+    tokenizer starts with ``--skip-tokenizer-init`` (unless engineArgs name a ``tokenizer-path``); ``dtype`` (the
+    trainer's) is the engine's ``--dtype`` (sglang otherwise turns a float32 or absent config dtype into float16,
+    ``configs/model_config.py``); ``memory_saver`` (colocated engines) adds ``--enable-memory-saver``, without
+    which ``/release_memory_occupation`` releases nothing.
     """
     problems = engine_args_problems(engine_args)
     if problems:
@@ -116,10 +150,18 @@ def build_engine_argv(
     argv += ["--tp-size", str(tp_size)]
     if base_gpu_id is not None:
         argv += ["--base-gpu-id", str(base_gpu_id)]
-    if model.load_format and "load-format" not in user:
-        argv += ["--load-format", model.load_format]
-    if "skip-server-warmup" not in user:
-        argv.append("--skip-server-warmup")
+    defaults: list[tuple[str, str | None]] = [("skip-server-warmup", None)]
+    if model.load_format:
+        defaults.insert(0, ("load-format", model.load_format))
+    if not model.has_tokenizer and "tokenizer-path" not in user:
+        defaults.append(("skip-tokenizer-init", None))
+    if dtype:
+        defaults.append(("dtype", dtype))
+    if memory_saver:
+        defaults.append(("enable-memory-saver", None))
+    for name, value in defaults:
+        if name not in user:
+            argv += [f"--{name}"] if value is None else [f"--{name}", value]
     for name, value in user.items():
         if value.lower() == "false":
             continue
@@ -238,7 +280,8 @@ class EngineProcess:
         except OSError:
             return "(no log)"
 
-    def wait_healthy(self, timeout_s: float, probe_timeout_s: float = 5.0, poll_s: float = 0.2) -> float:
+    def wait_healthy(self, timeout_s: float, probe_timeout_s: float = STARTUP_PROBE_TIMEOUT_S,
+                     poll_s: float = 0.2) -> float:
         """Wait until /health_generate answers 200; the seconds it took. EngineStartError with the
         log tail when the process exits or the deadline passes."""
         started = time.monotonic()

@@ -49,8 +49,11 @@ def router_installed() -> bool:
 
 
 def build_router_argv(worker_urls: Sequence[str], host: str, port: int) -> list[str]:
-    """argv of ``sglang_router.launch_router`` for ``worker_urls``."""
-    return [sys.executable, "-m", ROUTER_MODULE, "--host", host, "--port", str(port), "--worker-urls", *worker_urls]
+    """argv of ``sglang_router.launch_router`` for ``worker_urls``, with the router's own worker health checks off
+    (``--disable-health-check``, sglang_router 0.3.2 ``router_args.py``): they probe ``/health`` every 60 s, which
+    on sglang runs a generation, during weight pushes too. The fleet's own monitor probes, gated by rollout FT."""
+    return [sys.executable, "-m", ROUTER_MODULE, "--host", host, "--port", str(port), "--disable-health-check",
+            "--worker-urls", *worker_urls]
 
 
 class Router:

@@ -5,7 +5,7 @@ The disk path (the distributed path lives in :mod:`.distributed`, the tensor pat
 ``POST /update_weights_from_disk`` with a checkpoint directory on the engine's own node
 (safetensors, HF ``save_pretrained`` layout; the trainer's files reach that node through Ray's object
 store, see :func:`stage_checkpoint`, so no volume is shared), carrying the new
-``weight_version``; then ``/get_weight_version`` must answer that version, and ``/flush_cache``
+``weight_version`` and its ``load_format``; then ``/model_info`` must report that version, and ``/flush_cache``
 drops KV entries computed with the old weights. Replay sends no generation traffic, so there is
 nothing in flight to pause (``/pause_generation`` is not needed; sglang's update waits for
 running requests itself), and a server needs only these three endpoints plus health. When the engines share the trainer's GPUs (colocate) their memory is
@@ -23,6 +23,11 @@ from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
 from forge_replay.runtime.weights.calls import Caller, PushResult, WeightSyncError, confirm_weights, require_success
 
 WEIGHTS_DIR_PREFIX = "weights-v"
+CHECKPOINT_LOAD_FORMAT = "safetensors"
+"""The format of every checkpoint written here, sent with each disk push: without ``load_format`` sglang loads
+with the format the server was started with (``managers/tokenizer_manager.py``, ``update_weights_from_disk``), and
+for a config-only model that is ``dummy``, whose loader the update refuses ("Failed to get model loader",
+``model_executor/model_runner_components/weight_updater.py``, 0.5.23; the same in 0.5.19)."""
 
 CheckpointFiles = dict[str, bytes]
 """A checkpoint directory's files by relative name: how weights travel through Ray's object store to
@@ -100,7 +105,8 @@ def push_weights_from_disk(
             url,
             "/update_weights_from_disk",
             method="POST",
-            body={"model_path": str(checkpoint_dir), "weight_version": version},
+            body={"model_path": str(checkpoint_dir), "load_format": CHECKPOINT_LOAD_FORMAT,
+                  "weight_version": version},
             timeout_s=timeout_s,
         )
     except EngineHTTPError as exc:
