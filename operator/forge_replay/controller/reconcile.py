@@ -159,7 +159,10 @@ class Reconciler:
             return None
         previous = body.get("status") or {}
         meta = body["metadata"]
-        rayjob = seen_rayjob or self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
+        rayjob = seen_rayjob
+        if rayjob is None and previous.get("rayJobName"):
+            rayjob = self.kube.get("ray.io/v1", naming.RAY_KIND, namespace, naming.ray_job_name(name))
+        # Not launched yet (no rayJobName): the launch path get-or-creates the RayJob, so it is not read first.
         try:
             job = parse_job({k: v for k, v in body.items() if k != "status"})
         except SpecInvalid as invalid:
@@ -293,6 +296,8 @@ class Reconciler:
         cluster = status.get("rayClusterName")
         if not cluster or status.get("jobDeploymentStatus") not in ("", None, "New", "Initializing", "Retrying"):
             return None
+        if ((rayjob or {}).get("spec") or {}).get("suspend"):
+            return None  # suspended: its pods are being deleted, none is meant to start
         pods = self.kube.list("v1", "Pod", namespace, f"ray.io/cluster={cluster}")
         return verify_pod_note(pods, failed=False)
 
