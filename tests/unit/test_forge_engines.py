@@ -105,7 +105,7 @@ def test_reserved_engine_args_are_refused_with_their_field_path(key):
 
 
 def test_malformed_engine_arg_names_are_refused():
-    assert engine_args_problems({"---x": "1", "a b": "1", "ok-name": "1"}) == [
+    assert engine_args_problems({"---x": "1", "a b": "1", "mem-fraction-static": "0.7"}) == [
         ("spec.rollout.engineArgs.---x", engine_args_problems({"---x": "1"})[0][1]),
         ("spec.rollout.engineArgs.a b", engine_args_problems({"a b": "1"})[0][1]),
     ]
