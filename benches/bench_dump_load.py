@@ -125,7 +125,8 @@ def main() -> int:
     parser.add_argument("--size", choices=[*SIZES, "all"], default="30mb")
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--skip-weights-only", action="store_true", help="weights_only=True is slow on big dumps")
-    parser.add_argument("--workdir", type=writable_dir, default=None, help="Where to write the dumps (default: a temp dir).")
+    parser.add_argument("--workdir", type=writable_dir, default=None,
+                        help="Where to write the dumps (default: a temp dir).")
     parser.add_argument("--json", type=output_file, default=None, help="Also write the results to this JSON file.")
     args = parser.parse_args()
     sizes = list(SIZES) if args.size == "all" else [args.size]

@@ -594,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on CPU (IPC through shared memory)")
     parser.add_argument("--out", type=output_dir, default=os.environ.get("OUT") or "results/gpu-check",
                         help="where gpu_check.json and memory.png go (default $OUT)")
-    parser.add_argument("--wheels", type=existing_dir, default=None, help="folder of carried wheels, installed when pydantic is missing")
+    parser.add_argument("--wheels", type=existing_dir, default=None,
+                        help="folder of carried wheels, installed when pydantic is missing")
     parser.add_argument("--collect-wheels", metavar="DIR", help="download the wheels a bare torch machine lacks, exit")
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python (for --collect-wheels)")
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS))

@@ -35,7 +35,8 @@ def main() -> int:
     parser.add_argument("--rollouts", type=positive_int, default=3)
     parser.add_argument("--layers", type=positive_int, default=QWEN3_1_7B_LIKE["num_hidden_layers"])
     parser.add_argument("--gpus", type=non_negative_int, default=0, help="trainer GPUs (default: all visible)")
-    parser.add_argument("--micro-batch-tokens", type=non_negative_int, default=0, help="default: one sample per micro-batch")
+    parser.add_argument("--micro-batch-tokens", type=non_negative_int, default=0,
+                        help="default: one sample per micro-batch")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--snapshot", action="store_true", help="also write a CUDA memory snapshot per rank")

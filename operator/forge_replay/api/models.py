@@ -884,7 +884,9 @@ class ForgeReplayJobStatus(_Model):
     ray_job_name: str | None = Field(default=None, description="The KubeRay RayJob running the replay.")
     ray_cluster_name: str | None = Field(default=None, description="The RayCluster KubeRay created.")
     rollouts: RolloutProgress | None = Field(default=None, description="Rollouts completed out of the total.")
-    memory: MemoryPeak | None = Field(default=None, description="Memory peak published by the runtime (source says what it measures).")
+    memory: MemoryPeak | None = Field(
+        default=None, description="Memory peak published by the runtime (source says what it measures)."
+    )
     fallbacks: int | None = Field(default=None, description="Rollouts trained from rollout 0's file (fallback).")
     start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the job finished (RFC 3339).")

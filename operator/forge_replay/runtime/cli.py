@@ -253,8 +253,8 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
     import ray
 
     cpus = local_cpus_needed(trainer_settings(spec.trainer).world_size)
-    err(f"starting a local Ray ({cpus} CPUs)" + (", then the trainer and the sglang engines" if spec.replay.mode == "forge"
-                                               else ", then the trainer"))
+    then = ", then the trainer and the sglang engines" if spec.replay.mode == "forge" else ", then the trainer"
+    err(f"starting a local Ray ({cpus} CPUs){then}")
     import signal
 
     how = None
