@@ -107,6 +107,9 @@ def test_any_status_gets_a_valid_health_and_stale_ones_progress(status: dict, ge
     assert isinstance(health["message"], str) and health["message"]
     if status["observedGeneration"] < generation:
         assert health["status"] == "Progressing", health
+    elif (first := {c["type"]: c["status"] for c in reversed(status.get("conditions") or [])}) and (
+            first.get("Stalled") == "True" or first.get("SpecValid") == "False"):  # the first of each type counts
+        assert health["status"] == "Degraded", health  # as kstatus: Stalled=True is Failed, whatever the phase
     elif status["phase"] == "Succeeded":
         assert health["status"] == "Healthy", health
     elif status["phase"] == "Failed":
