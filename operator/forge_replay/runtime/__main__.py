@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         run_job(config, fixed_cluster=False, show_progress=not args.no_progress)
     except ReplayRunError as exc:
         print(f"forge-replay: run failed: {exc}", file=sys.stderr)
+        record_result(config, "Failed", str(exc))  # the operator reads it after the RayJob is gone
         return 1
     finally:
         if how != ALREADY_CONNECTED:
             ray.shutdown()
+    record_result(config, "Succeeded")
     return 0
 
 
