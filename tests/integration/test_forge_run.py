@@ -186,6 +186,8 @@ def test_distributed_run_against_sglang_0_5_19_goes_on_without_sessions(tmp_path
         versions = [c["body"]["weight_version"] for c in engine["calls"]
                     if c["path"] == "/update_weights_from_distributed"]
         assert [v for v in versions if v] == ["1", "2"]
+    report = json.loads((tmp_path / "results" / "report.json").read_text())["engines"]
+    assert report["unsupported_endpoints"] == ["/begin_weight_update"]  # the table says: not served
 
 
 @pytest.mark.parametrize("weight_sync", ["disk", "distributed"])

@@ -145,15 +145,15 @@ def test_data_slime_accepts_is_counted_per_rollout_in_the_summary_and_the_table(
     assert "rollout_id mismatches 1 (rollouts [4]: the dump's rollout_id is not its file's)" in text
 
 
-def test_engines_line_names_the_sync_path_and_says_when_versions_went_unconfirmed():
+def test_engines_line_names_the_sync_path_and_the_endpoints_an_older_server_lacks():
     from forge_replay.runtime.report import engines_line
 
     engines = {"engines": 2, "restarts": 0, "weight_versions": ["1", "2"], "weight_sync": "distributed",
                "unsupported_endpoints": [], "health_monitors": 0, "router": "none"}
     line = engines_line(engines)
-    assert "weight versions 1..2 (distributed)" in line and "unconfirmed" not in line
-    engines["unsupported_endpoints"] = ["/get_weight_version"]
-    assert "unconfirmed: no /get_weight_version" in engines_line(engines)
+    assert "weight versions 1..2 (distributed)" in line and "not served" not in line
+    engines["unsupported_endpoints"] = ["/begin_weight_update", "/flush_cache"]
+    assert "not served: /begin_weight_update /flush_cache" in engines_line(engines)
 
 
 @pytest.mark.parametrize("on_gpu", [False, True])

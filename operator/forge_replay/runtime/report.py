@@ -332,8 +332,7 @@ def engines_line(engines: dict) -> str:
         f"engines {engines.get('engines', 0)}, restarts {engines.get('restarts', 0)}, "
         f"weight versions {versions[0] + '..' + versions[-1] if versions else 'none pushed'}"
         + (f" ({engines['weight_sync']})" if engines.get("weight_sync") else "")
-        + (", unconfirmed: no /get_weight_version" if "/get_weight_version" in
-           (engines.get("unsupported_endpoints") or []) else "")
+        + (f", not served: {' '.join(engines['unsupported_endpoints'])}" if engines.get("unsupported_endpoints") else "")
         + (f", GPU memory held {memory:.2f} GiB" if memory is not None else "")
         + f", health monitors {engines.get('health_monitors', 0)}, router: {engines.get('router')}"
     )

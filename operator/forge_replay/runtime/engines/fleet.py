@@ -35,6 +35,7 @@ from forge_replay.runtime.engines.process import (
 from forge_replay.runtime.engines.router import Router, plan_router, router_installed
 from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_rollout_side, plan_weight_sync
 from forge_replay.runtime.weights.calls import (
+    SESSION_BEGIN,
     WeightSyncError,
     begin_weight_update,
     confirm_weights,
@@ -484,6 +485,8 @@ class EngineFleet:
             self._sessions.add(url)
             return
         self._without_sessions.add(url)
+        if SESSION_BEGIN not in self.unsupported_endpoints:  # the report says the push ran without a session
+            self.unsupported_endpoints.append(SESSION_BEGIN)
         log.warning("engine %s answers 404 to /begin_weight_update (sglang before 0.5.21): its weights are updated "
                     "without a weight-update session", url)
 
