@@ -322,9 +322,13 @@ def test_user_roles_aggregate_into_the_built_in_edit_and_view(control_plane, nam
                                     f"--as=system:serviceaccount:{namespace}:{who}", check=False).stdout.strip()
         return out == "yes"
 
-    wait_for("edit aggregating forgereplayjob-editor", lambda: can("alice", "create"), timeout=60)
-    wait_for("view aggregating forgereplayjob-viewer", lambda: can("bob", "list"), timeout=60)
-    assert can("alice", "delete") and not can("bob", "create") and not can("bob", "delete")
+    try:
+        wait_for("edit aggregating forgereplayjob-editor", lambda: can("alice", "create"), timeout=60)
+        wait_for("view aggregating forgereplayjob-viewer", lambda: can("bob", "list"), timeout=60)
+        assert can("alice", "delete") and not can("bob", "create") and not can("bob", "delete")
+    finally:  # cluster-scoped: left behind, they would block every later helm install of the chart
+        for role in roles:
+            control_plane.kubectl("delete", "clusterrole", role["metadata"]["name"], "--ignore-not-found")
 
 
 def test_two_replicas_only_the_lease_holder_acts(control_plane, api, namespace, tmp_path) -> None:

@@ -76,7 +76,10 @@ def chart_operator_kubeconfig(control_plane: Any, namespace: str) -> Path:
     """
     release, release_namespace = release_name(namespace), f"{namespace}-op"[:63]
     service_account = install_chart(control_plane, release, release_namespace,
-                                    {"crds": {"install": False}, "watchNamespaces": [namespace]})
+                                    # the user-facing ClusterRoles have fixed names: one release per cluster
+                                    # owns them, and these per-test releases must not collide on them
+                                    {"crds": {"install": False}, "watchNamespaces": [namespace],
+                                     "rbac": {"userRoles": False}})
     return service_account_kubeconfig(control_plane, release_namespace, service_account,
                                       Path(control_plane.workdir) / f"{release}.kubeconfig")
 
@@ -197,11 +200,11 @@ def test_install_upgrade_uninstall_keeps_the_crd_and_the_jobs(control_plane, nam
 
 def test_schema_violations_are_refused_by_helm_install(control_plane, namespace, tmp_path) -> None:
     values = tmp_path / "bad.yaml"
-    values.write_text(yaml.safe_dump({"replicas": 3, "runAsUser": 0}))
+    values.write_text(yaml.safe_dump({"replica": 3, "runAsUser": 0}))  # a misspelt key, a root uid
     result = helm(control_plane, "install", release_name(namespace), str(CHART), "--namespace", namespace,
                   "--values", str(values), check=False)
     assert result.returncode != 0
-    assert "additional properties 'replicas' not allowed" in result.stderr and "/runAsUser" in result.stderr
+    assert "additional properties 'replica' not allowed" in result.stderr and "/runAsUser" in result.stderr
     assert control_plane.kubectl("get", "deployment", "-n", namespace, "-o", "name").stdout.strip() == ""
 
 

@@ -61,8 +61,9 @@ def test_fleet_runs_the_router_and_re_registers_an_engine_whose_actor_died(tmp_p
     from forge_replay.runtime.engines.fleet import EngineFleet, FleetSettings
     from forge_replay.runtime.gating import plan_rollout_side
 
+    # the double imports sglang's own parser at start: slow on a loaded machine
     settings = FleetSettings(num_engines=2, gpus_per_engine=1, colocate=False, use_gpus=False,
-                             health_interval_s=1, health_timeout_s=2, startup_timeout_s=60)
+                             health_interval_s=1, health_timeout_s=2, startup_timeout_s=180)
     model = ModelSource(str(tmp_path), "dummy", True, {"hidden_size": 8})
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     fleet = EngineFleet(settings, plan_rollout_side("forge", True, ["rollout"]), [sys.executable, str(DOUBLE)],
