@@ -403,3 +403,19 @@ def test_cli_inspect_slime_dump_and_malicious(tmp_path):
 def test_sample_from_dict_rejects_non_identifier_extra():
     with pytest.raises(SampleError, match="extra key"):
         Sample.from_dict({"status": "completed", "not valid": 1}, index=3)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_dumps_take_the_umask_like_open_does(tmp_path, umask):
+    """Issue 18: mkstemp made every dump 0600, so runtime pods (uid 10001) could not read dumps another uid wrote
+    to a shared PVC. synth, save and pack now write 0666 less the umask, as open() would."""
+    import stat
+
+    previous = os.umask(umask)
+    try:
+        write_synth_dumps(str(tmp_path / "r_{rollout_id}.pt"), 1, 1, 2, 2, 2)
+        write_packed(str(tmp_path / "r.pack"), 0, [s.to_dict() for s in slime_samples()])
+    finally:
+        os.umask(previous)
+    for name in ("r_0.pt", "r.pack"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name

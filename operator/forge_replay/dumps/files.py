@@ -63,6 +63,14 @@ def load(path: str | os.PathLike[str], limits: Limits | None = None) -> Dump:
     return Dump(rollout_id=blob["rollout_id"], samples=samples, path=path)
 
 
+def share_like_open(fd: int) -> None:
+    """Give a ``mkstemp`` file (always 0600) the mode ``open()`` would: 0666 less the umask, so runtime pods of
+    another uid can read dumps written to a shared PVC."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+
+
 def save(path: str | os.PathLike[str], rollout_id: int, samples: Iterable[Sample | dict[str, Any]]) -> None:
     """Write ``torch.save({"rollout_id": ..., "samples": [s.to_dict() ...]}, path)`` like slime does.
 
@@ -77,6 +85,7 @@ def save(path: str | os.PathLike[str], rollout_id: int, samples: Iterable[Sample
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)
     try:
+        share_like_open(fd)
         with os.fdopen(fd, "wb") as handle:
             torch.save(blob, handle)
         os.replace(tmp, path)

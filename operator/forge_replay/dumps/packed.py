@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from forge_replay.dumps.bounds import Limits, open_regular
+from forge_replay.dumps.files import share_like_open
 from forge_replay.dumps.safe_pickle import DumpError, open_dump, safe_load_bytes
 
 MAGIC = b"FRPACK\x00\x01"
@@ -134,6 +135,7 @@ def write_packed(path: str, rollout_id: int, sample_dicts: list[dict[str, Any]])
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pack", dir=directory)
     try:
+        share_like_open(fd)
         with os.fdopen(fd, "wb") as out:
             out.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded)
             for name, array in arrays.items():
