@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.integration.processes import pid_alive
+from tests.integration.processes import pid_alive, stop_and_wait
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -240,24 +240,17 @@ def test_forge_run_without_sglang_or_engine_command_fails_fast(tmp_path):
                                                 ("SIGINT", 130, "interrupted (Ctrl-C)")])
 def test_a_stop_signal_mid_run_stops_the_engines_and_keeps_the_report(tmp_path, signame, code, said):
     """SIGTERM (what Kubernetes and `timeout` send) and Ctrl-C unwind the run: engines gone, steps kept."""
-    import signal
     import time
 
     argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job_file(tmp_path, rollouts=200)), "--synth-missing",
             "--no-progress", "--dumps-root", str(tmp_path / "dumps"), "--results", str(tmp_path / "results"),
             "--engine-command", f"{sys.executable} {DOUBLE} --record-dir {tmp_path / 'double'}"]
     run = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not any(
-                pushed_versions(e) for e in records(tmp_path).values()):
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            time.sleep(0.5)
-        run.send_signal(getattr(signal, signame))
-        _, stderr = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not any(pushed_versions(e) for e in records(tmp_path).values()):
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        time.sleep(0.5)
+    stderr = stop_and_wait(run, signame, 120)
     assert run.returncode == code, stderr[-3000:]
     assert f"{said}; engines and trainer stopped" in stderr
     engines = records(tmp_path)

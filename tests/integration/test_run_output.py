@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.integration.processes import stop_and_wait
 from tests.integration.test_forge_run import DOUBLE, job_file
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -67,7 +68,6 @@ def test_an_interrupted_report_says_so_and_agrees_with_progress(tmp_path, signam
     # to_group: what Ctrl-C in a terminal does (Ray's processes share the run's group and ignore SIGINT).
     # SIGTERM to the whole group also stops Ray's GCS: not handled yet (issue 18).
     import json
-    import signal
     import time
 
     job = job_file(tmp_path, mode="debug", rollouts=200)
@@ -76,24 +76,16 @@ def test_an_interrupted_report_says_so_and_agrees_with_progress(tmp_path, signam
                             "--no-progress", "--dumps-root", str(tmp_path / "dumps"), "--results", str(results)],
                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=to_group)
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert run.poll() is None, run.communicate()[1][-3000:]
-            try:
-                if json.loads((results / "progress.json").read_text())["completed"] >= 2:
-                    break
-            except (OSError, ValueError, KeyError):
-                pass
-            time.sleep(0.2)
-        if to_group:
-            os.killpg(run.pid, getattr(signal, signame))
-        else:
-            run.send_signal(getattr(signal, signame))
-        _, stderr = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        try:
+            if json.loads((results / "progress.json").read_text())["completed"] >= 2:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    stderr = stop_and_wait(run, signame, 120, group=to_group)
     assert run.returncode == code, stderr[-3000:]
     report = json.loads((results / "report.json").read_text())
     progress = json.loads((results / "progress.json").read_text())
@@ -110,7 +102,6 @@ def test_an_interrupted_report_says_so_and_agrees_with_progress(tmp_path, signam
 def test_a_stop_in_the_first_seconds_exits_cleanly_leaving_no_process(tmp_path, signame, delay, code):
     # Imports, dump synthesis and Ray's start-up: Ctrl-C printed click's "Aborted!" and exited 1, and ray.init's
     # own SIGTERM handler exited 15; Ray's agents were left behind. Ray's processes join the run's process group.
-    import signal
     import time
 
     job = job_file(tmp_path, mode="debug", rollouts=3)
@@ -118,13 +109,8 @@ def test_a_stop_in_the_first_seconds_exits_cleanly_leaving_no_process(tmp_path, 
                             "--no-progress", "--dumps-root", str(tmp_path / "dumps"), "--results",
                             str(tmp_path / "results")], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
-    try:
-        time.sleep(delay)
-        run.send_signal(getattr(signal, signame))
-        _, stderr = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
+    time.sleep(delay)
+    stderr = stop_and_wait(run, signame, 60)
     assert run.returncode == code, stderr[-3000:]
     assert "Aborted!" not in stderr and "Traceback" not in stderr, stderr[-3000:]
     time.sleep(2)
