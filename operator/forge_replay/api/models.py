@@ -479,6 +479,71 @@ class ResultsSpec(_Model):
         return value
 
 
+ROLLOUT_METRICS = (
+    "loss", "grad_norm", "clip_fraction", "reward_mean", "tokens", "loss_tokens", "num_samples", "micro_batches",
+    "masked_out_samples",
+)
+"""The per-rollout numeric fields of report.json a baseline can compare (the deterministic ones: step times
+and memory vary run to run)."""
+
+
+class BaselineSpec(_Model):
+    """An earlier run's report.json whose per-rollout metrics this run must reproduce."""
+
+    config_map_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="ConfigMap (in the job's namespace) holding the baseline under the data key report.json "
+        "(`forge-replay report baseline REPORT.json --name NAME` prints one). Or claimName + path.",
+    )
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="PersistentVolumeClaim holding the baseline report (mounted read-only); needs path.",
+    )
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="The baseline report.json, relative to the claim's root.",
+    )
+    metrics: list[Literal[ROLLOUT_METRICS]] = Field(  # type: ignore[valid-type]
+        default_factory=lambda: ["loss", "grad_norm"],
+        min_length=1,
+        max_length=len(ROLLOUT_METRICS),
+        description="Per-rollout numeric fields of report.json compared rollout by rollout.",
+    )
+    rtol: FiniteFloat = Field(default=1.0e-5, ge=0, description="Relative tolerance: |run - baseline| <= "
+                              "atol + rtol * |baseline|.")
+    atol: FiniteFloat = Field(default=1.0e-8, ge=0, description="Absolute tolerance (see rtol).")
+
+
+class ExpectSpec(_Model):
+    """Release-validation verdict: limits checked when the run ends (the memory budget after every step too).
+    Each check is one entry of status.expectations; any failed one fails the job (ExpectationsMet=False)."""
+
+    max_peak_memory_gib: FiniteFloat | None = Field(
+        default=None,
+        gt=0,
+        alias="maxPeakMemoryGiB",
+        description="The run's peak memory (GPU: peak CUDA reserved of any rank; CPU: peak RSS) must stay at or "
+        "under this many GiB; checked after every step, a run over budget stops early.",
+    )
+    max_fallbacks: Int | None = Field(
+        default=None, ge=0, le=1_000_000, description="At most this many rollouts trained on rollout 0's file."
+    )
+    min_tokens_per_second: FiniteFloat | None = Field(
+        default=None, ge=0, description="Training throughput (tokens over step time) must reach this."
+    )
+    baseline: BaselineSpec | None = Field(
+        default=None, description="Per-rollout metrics of an earlier run's report.json to reproduce."
+    )
+
+
 # ------------------------------------------------------------------------------- cross-field rules
 
 
@@ -632,6 +697,38 @@ def _model_path_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
     return []
 
 
+def _baseline_one_source(spec: ForgeReplayJobSpec) -> list[Problem]:
+    b = spec.expect.baseline if spec.expect else None
+    if b is not None and (b.config_map_name is None) == (b.path is None):
+        which = "both are set" if b.config_map_name is not None else "neither is set"
+        return [Problem("spec.expect.baseline", f"needs exactly one of configMapName and claimName + path ({which})")]
+    return []
+
+
+def _baseline_claim_with_path(spec: ForgeReplayJobSpec) -> list[Problem]:
+    b = spec.expect.baseline if spec.expect else None
+    if b is not None and (b.claim_name is None) != (b.path is None):
+        missing = "path" if b.path is None else "claimName"
+        return [Problem(f"spec.expect.baseline.{missing}",
+                        "claimName and path go together (the PVC and the report.json on it)")]
+    return []
+
+
+def _baseline_path_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
+    b = spec.expect.baseline if spec.expect else None
+    if b is not None and b.path is not None and (b.path.startswith("/") or ".." in b.path.split("/")):
+        return [Problem("spec.expect.baseline.path", f"must be relative to the claim's root, without '..' ({b.path!r})")]
+    return []
+
+
+def _baseline_metrics_unique(spec: ForgeReplayJobSpec) -> list[Problem]:
+    metrics = spec.expect.baseline.metrics if spec.expect and spec.expect.baseline else []
+    repeated = sorted({m for m in metrics if metrics.count(m) > 1})
+    if repeated:
+        return [Problem("spec.expect.baseline.metrics", f"repeats {', '.join(repeated)}; list each metric once")]
+    return []
+
+
 _QUEUED_SUSPEND = (
     "cannot be true with spec.scheduling.queueName: Kueue suspends and resumes a queued job (it un-suspends the "
     "RayJob it admits); deactivate the job's Kueue Workload (kubectl patch workload NAME --type=merge "
@@ -749,6 +846,34 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
         _eval_needs_template,
     ),
     CrossFieldRule(
+        "expect.baseline",
+        "has(self.configMapName) != has(self.path)",
+        "spec.expect.baseline: needs exactly one of configMapName and claimName + path",
+        "",
+        _baseline_one_source,
+    ),
+    CrossFieldRule(
+        "expect.baseline",
+        "has(self.path) == has(self.claimName)",
+        "spec.expect.baseline.claimName: claimName and path go together (the PVC and the report.json on it)",
+        ".claimName",
+        _baseline_claim_with_path,
+    ),
+    CrossFieldRule(
+        "expect.baseline",
+        "!has(self.path) || (!self.path.startsWith('/') && !self.path.matches('(^|/)\\\\.\\\\.(/|$)'))",
+        "spec.expect.baseline.path: must be relative to the claim's root, without '..'",
+        ".path",
+        _baseline_path_relative,
+    ),
+    CrossFieldRule(
+        "expect.baseline",
+        "!has(self.metrics) || self.metrics.all(m, self.metrics.filter(n, n == m).size() == 1)",
+        "spec.expect.baseline.metrics: list each metric once",
+        ".metrics",
+        _baseline_metrics_unique,
+    ),
+    CrossFieldRule(
         "model",
         "has(self.config) != has(self.path)",
         "spec.model: needs exactly one of config and path",
@@ -805,6 +930,11 @@ class ForgeReplayJobSpec(_Model):
         "DeadlineExceeded) and releases its GPUs; unset: no limit.",
     )
     results: ResultsSpec = Field(default_factory=ResultsSpec, description="Where reports are written.")
+    expect: ExpectSpec | None = Field(
+        default=None,
+        description="Release-validation verdict: memory budget, fallbacks, throughput and a baseline report to "
+        "reproduce (status.expectations, condition ExpectationsMet).",
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ForgeReplayJobSpec:
@@ -861,6 +991,22 @@ class MemoryPeak(_Model):
     rank: int | None = Field(default=None, description="The trainer rank that reached the peak.")
 
 
+class ExpectationResult(_Model):
+    """One check of spec.expect: what was observed against its limit (for a baseline, the baseline's value)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    name: str = Field(description="maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, or baseline.<metric>.")
+    passed: bool = Field(description="Whether the expectation is met.")
+    observed: float | None = Field(
+        default=None, description="The run's figure (for a baseline miss: its value at the first differing rollout)."
+    )
+    limit: float | None = Field(default=None, description="The limit, or the baseline's value.")
+    rollout: int | None = Field(default=None, description="Baseline miss: the first rollout id that differs.")
+    metric: str | None = Field(default=None, description="Baseline checks: the compared metric.")
+    message: str = Field(default="", description="The check in words; why it failed.")
+
+
 class ResultsLocation(_Model):
     """Where this run writes its reports: a folder of its own on the results claim."""
 
@@ -893,6 +1039,9 @@ class ForgeReplayJobStatus(_Model):
     message: str | None = Field(default=None, description="What is happening now, or why it failed.")
     results: ResultsLocation | None = Field(
         default=None, description="Where this run's reports are on the results claim (absent without a claim)."
+    )
+    expectations: list[ExpectationResult] | None = Field(
+        default=None, description="The verdict on spec.expect, one entry per check (once the run has ended)."
     )
 
 

@@ -1,0 +1,67 @@
+"""spec.expect (issue 17): the API accepts the issue's example and refuses a bad baseline naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from forge_replay.api import SpecInvalid, parse_job
+from forge_replay.api.models import ROLLOUT_METRICS
+from tests.unit.spec_factory import debug_job
+
+ISSUE_EXAMPLE = {
+    "maxPeakMemoryGiB": 130,
+    "maxFallbacks": 0,
+    "minTokensPerSecond": 0,
+    "baseline": {"configMapName": "release-1-3-baseline", "metrics": ["loss", "grad_norm"], "rtol": 1.0e-5,
+                 "atol": 1.0e-8},
+}
+
+
+def test_the_issue_example_parses():
+    expect = parse_job(debug_job(spec__expect=ISSUE_EXAMPLE)).spec.expect
+    assert (expect.max_peak_memory_gib, expect.max_fallbacks, expect.min_tokens_per_second) == (130, 0, 0)
+    assert expect.baseline.config_map_name == "release-1-3-baseline"
+    assert expect.baseline.metrics == ["loss", "grad_norm"]
+
+
+def test_a_pvc_baseline_and_defaults():
+    b = parse_job(debug_job(spec__expect={"baseline": {"claimName": "results", "path": "r1/report.json"}}))
+    assert (b.spec.expect.baseline.metrics, b.spec.expect.baseline.rtol) == (["loss", "grad_norm"], 1.0e-5)
+    assert parse_job(debug_job()).spec.expect is None
+
+
+@pytest.mark.parametrize("expect, path, fragment", [
+    ({"baseline": {}}, "spec.expect.baseline", "neither is set"),
+    ({"baseline": {"configMapName": "b", "claimName": "c", "path": "p"}}, "spec.expect.baseline", "both are set"),
+    ({"baseline": {"claimName": "c"}}, "spec.expect.baseline.path", "go together"),
+    ({"baseline": {"path": "r.json"}}, "spec.expect.baseline.claimName", "go together"),
+    ({"baseline": {"claimName": "c", "path": "../r.json"}}, "spec.expect.baseline.path", "without '..'"),
+    ({"baseline": {"configMapName": "b", "metrics": []}}, "spec.expect.baseline.metrics", "at least 1"),
+    ({"baseline": {"configMapName": "b", "metrics": ["los"]}}, "spec.expect.baseline.metrics[0]", "'loss'"),
+    ({"baseline": {"configMapName": "b", "metrics": ["loss", "loss"]}}, "spec.expect.baseline.metrics", "once"),
+    ({"baseline": {"configMapName": "Bad_Name"}}, "spec.expect.baseline.configMapName", ""),
+    ({"baseline": {"configMapName": "b", "rtol": -1.0}}, "spec.expect.baseline.rtol", ""),
+    ({"maxPeakMemoryGiB": 0}, "spec.expect.maxPeakMemoryGiB", "greater than 0"),
+    ({"maxFallbacks": -1}, "spec.expect.maxFallbacks", ""),
+    ({"maxFallbacks": 0.5}, "spec.expect.maxFallbacks", ""),
+    ({"maxPeakMemoryGib": 1}, "spec.expect.maxPeakMemoryGib", ""),
+])
+def test_bad_expectations_name_the_field(expect, path, fragment):
+    with pytest.raises(SpecInvalid) as info:
+        parse_job(debug_job(spec__expect=expect))
+    found = [str(p) for p in info.value.problems]
+    assert any(p.startswith(path + ":") and fragment in p for p in found), found
+
+
+def test_baseline_metrics_are_numeric_rollout_fields_of_the_report():
+    """The API's metric names are the report's numeric per-rollout fields (one list, checked here)."""
+    import dataclasses
+    import typing
+
+    from forge_replay.runtime.report import RolloutRecord
+
+    hints = typing.get_type_hints(RolloutRecord)
+    numeric = {f.name for f in dataclasses.fields(RolloutRecord) if hints[f.name] in (int, float)}
+    assert set(ROLLOUT_METRICS) <= numeric
+    # the rest are the record's keys and timings, which differ run to run
+    assert numeric - set(ROLLOUT_METRICS) == {"step", "rollout_id", "step_seconds", "data_wait_seconds"}
