@@ -9,10 +9,14 @@
 
 slime / miles users plug in ``forge_replay.replay.generate_rollout`` with
 ``--rollout-function-path forge_replay.replay.generate_rollout --load-forge-rollout-data PATH``.
+slime defines ``--load-forge-rollout-data`` itself; miles does not, and calls ``add_arguments(parser)`` on
+the rollout function it is given, so ``generate_rollout.add_arguments`` adds the flags it reads.
+Importing this module needs torch and numpy only (no pydantic, yaml, rich, click, kubernetes).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
@@ -33,11 +37,13 @@ __all__ = [
     "EvalResult",
     "Fallback",
     "Prefetcher",
+    "ROLLOUT_FUNCTION_FLAGS",
     "ReplayError",
     "ReplaySource",
     "ReplayedRollout",
     "RolloutFnEvalOutput",
     "RolloutFnTrainOutput",
+    "add_arguments",
     "eval_rewards",
     "eval_rollout_ids",
     "generate_rollout",
@@ -229,6 +235,40 @@ def _framework_types() -> tuple[Any, Any, Any | None]:
     return RolloutFnTrainOutput, RolloutFnEvalOutput, None
 
 
+ROLLOUT_FUNCTION_FLAGS: dict[tuple[str, ...], dict[str, Any]] = {
+    ("--load-forge-rollout-data",): {
+        "type": str,
+        "default": None,
+        "help": "Dump replayed by forge_replay.replay.generate_rollout: a literal path (every rollout reads it) "
+        "or a {rollout_id} template (rollout N reads N, eval N reads eval_N).",
+    },
+    ("--forge-replay-fallback-to-first",): {
+        "action": argparse.BooleanOptionalAction,
+        "default": True,
+        "help": "A training rollout whose templated dump is missing replays rollout 0's file (counted in the "
+        "metrics); --no-forge-replay-fallback-to-first fails instead. Eval never falls back.",
+    },
+}
+"""The flags ``generate_rollout`` reads beyond slime's and miles' own (``reward_key``, ``eval_reward_key``,
+``num_rollout``), as ``argparse.add_argument`` arguments."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add :data:`ROLLOUT_FUNCTION_FLAGS` to ``parser``, leaving alone any flag it already has.
+
+    miles calls ``fn.add_arguments(parser)`` on the rollout function it is given (and rejects unknown flags);
+    slime already defines ``--load-forge-rollout-data``, so an existing flag is kept as it is."""
+    known = set(parser._option_string_actions)  # argparse's own index of option strings
+    for names, options in ROLLOUT_FUNCTION_FLAGS.items():
+        spelled = set(names)
+        if options.get("action") is argparse.BooleanOptionalAction:
+            spelled |= {"--no-" + name[2:] for name in names}
+        if spelled & known:
+            continue
+        parser.add_argument(*names, **options)
+    return parser
+
+
 _SOURCES: dict[tuple[str, bool], ReplaySource] = {}
 _SOURCES_LOCK = threading.Lock()
 
@@ -310,3 +350,6 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
     )
     metrics = {"forge_replay/fallback_used": int(replayed.fallback_used), "forge_replay/fallbacks": source.fallback_count}
     return train_cls(samples=_to_framework(replayed.samples, sample_cls), metrics=metrics)
+
+
+generate_rollout.add_arguments = add_arguments  # type: ignore[attr-defined]  # miles' hook for a function's flags

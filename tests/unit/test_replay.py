@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import logging
+import subprocess
 import sys
-import types
+import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from forge_replay import replay
 from forge_replay.dumps import DumpError, Sample
 from forge_replay.replay import ReplayError, ReplaySource, generate_rollout
+from tests.doubles import frameworks
 from tests.unit.test_dumps_slime_format import SlimeSample, save_debug_rollout_data, slime_samples
 
 
@@ -153,34 +157,91 @@ def test_generate_rollout_eval_output(dumps_dir):
     assert missing.data == {} and missing.metrics == {"forge_replay/eval_missing": 1}
 
 
-def test_generate_rollout_returns_the_running_frameworks_types(dumps_dir, monkeypatch):
-    """Under slime, outputs must be slime's own classes (its call_rollout_fn wraps anything else)."""
-    base = types.ModuleType("slime.rollout.base_types")
-    utils_types = types.ModuleType("slime.utils.types")
-
-    class TrainOut:
-        def __init__(self, samples, metrics=None):
-            self.samples, self.metrics = samples, metrics
-
-    base.RolloutFnTrainOutput = TrainOut
-    base.RolloutFnEvalOutput = replay.RolloutFnEvalOutput
-
-    class SlimeLikeSample(SlimeSample):
-        @staticmethod
-        def from_dict(data):
-            s = SlimeLikeSample()
-            s.__dict__.update(data)
-            return s
-
-    utils_types.Sample = SlimeLikeSample
-    for name, module in {"slime": types.ModuleType("slime"), "slime.rollout": types.ModuleType("slime.rollout"),
-                         "slime.utils": types.ModuleType("slime.utils"), "slime.rollout.base_types": base,
-                         "slime.utils.types": utils_types}.items():
-        monkeypatch.setitem(sys.modules, name, module)
+@pytest.mark.parametrize("framework", ["slime", "miles"])
+def test_generate_rollout_returns_the_running_frameworks_types(dumps_dir, monkeypatch, framework):
+    """Under slime or miles the outputs are the framework's own classes holding its own Samples (status an enum,
+    spec_info a dataclass): miles wraps any other output whole as the samples (tests/doubles/frameworks.py)."""
+    loaded = frameworks.install(monkeypatch, framework)
     replay._SOURCES.clear()
-    out = generate_rollout(_args(dumps_dir), 0, None)
-    assert isinstance(out, TrainOut) and all(isinstance(s, SlimeLikeSample) for s in out.samples)
-    assert out.samples[0].tokens == slime_samples(seed=0)[0].tokens
+    call = functools.partial(frameworks.miles_call_rollout_fn, loaded.base_types, generate_rollout)
+    out = call(_args(dumps_dir, reward_key="format", eval_reward_key="accuracy"), 0, None, evaluation=False)
+    assert type(out) is loaded.base_types.RolloutFnTrainOutput and type(out.samples) is list
+    expected = slime_samples(seed=0, rollout_id=40)
+    assert [type(s) for s in out.samples] == [loaded.Sample] * len(expected)
+    first = out.samples[0]
+    assert first.tokens == expected[0].tokens and first.rollout_id == 40
+    assert first.status is loaded.Sample.Status(expected[0].status.value)
+    assert first.spec_info == loaded.Sample.SpecInfo(**expected[0].spec_info.to_dict())
+    assert out.metrics == {"forge_replay/fallback_used": 0, "forge_replay/fallbacks": 0}
+    evaluated = call(_args(dumps_dir, eval_reward_key="accuracy"), 1, None, evaluation=True)
+    assert type(evaluated) is loaded.base_types.RolloutFnEvalOutput
+    samples = evaluated.data["forge_eval"]["samples"]
+    assert samples[0].status is loaded.Sample.Status.TRUNCATED and type(samples[0]) is loaded.Sample
+    missing = call(_args(dumps_dir), 3, None, evaluation=True)
+    assert type(missing) is loaded.base_types.RolloutFnEvalOutput and missing.data == {}
+
+
+# --- the rollout function's flags, in slime's and miles' parsers -----------------------------------
+
+
+def test_add_arguments_adds_every_flag_the_rollout_function_reads():
+    parser = argparse.ArgumentParser()
+    assert generate_rollout.add_arguments is replay.add_arguments
+    generate_rollout.add_arguments(parser)
+    assert vars(parser.parse_args([])) == {"load_forge_rollout_data": None, "forge_replay_fallback_to_first": True}
+    args = parser.parse_args(["--load-forge-rollout-data", "d/r_{rollout_id}.pt", "--no-forge-replay-fallback-to-first"])
+    assert (args.load_forge_rollout_data, args.forge_replay_fallback_to_first) == ("d/r_{rollout_id}.pt", False)
+
+
+def test_add_arguments_leaves_flags_already_there_alone():
+    parser = frameworks.slime_parser()  # slime defines --load-forge-rollout-data itself
+    ours = replay.add_arguments(parser)
+    replay.add_arguments(parser)  # twice: no conflicting-option error
+    assert ours is parser
+    (action,) = {a for a in parser._actions if "--load-forge-rollout-data" in a.option_strings}
+    assert action.help == "slime's own definition"
+    assert parser.parse_args(["--forge-replay-fallback-to-first"]).forge_replay_fallback_to_first is True
+
+
+def test_miles_accepts_the_forge_flags_through_add_arguments(dumps_dir, monkeypatch):
+    template = str(dumps_dir / "rollout_{rollout_id}.pt")
+    argv = ["--rollout-function-path", "forge_replay.replay.generate_rollout", "--load-forge-rollout-data", template,
+            "--num-rollout", "2", "--no-forge-replay-fallback-to-first"]
+    args = frameworks.miles_parse_args(argv)
+    assert (args.load_forge_rollout_data, args.forge_replay_fallback_to_first) == (template, False)
+    replay._SOURCES.clear()
+    assert {s.rollout_id for s in generate_rollout(args, 1, None).samples} == {41}
+    with pytest.raises(ReplayError, match="fallback to rollout 0 is off"):
+        generate_rollout(args, 2, None)
+    monkeypatch.delattr(generate_rollout, "add_arguments")  # what miles did before: it refuses our flag
+    with pytest.raises(SystemExit) as refused:
+        frameworks.miles_parse_args(argv)
+    assert refused.value.code == 2
+
+
+BLOCKED = ("pydantic", "yaml", "kopf", "kubernetes", "rich", "click")
+
+
+def test_replay_imports_with_only_torch_and_numpy():
+    """A trainer image has torch and numpy, not the operator's dependencies: importing them fails here."""
+    script = textwrap.dedent(f"""
+        import importlib.abc, sys
+        BLOCKED = {BLOCKED!r}
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError("blocked in a trainer image: " + name)
+        sys.meta_path.insert(0, Block())
+        from forge_replay.replay import generate_rollout, ReplaySource
+        assert callable(generate_rollout.add_arguments)
+        print(sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    probe = script.replace("from forge_replay.replay import generate_rollout, ReplaySource", "import forge_replay.cli")
+    refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert "blocked in a trainer image" in refused.stderr  # the blocker does block: the CLI needs click
 
 
 def test_generate_rollout_prefetches_the_next_dump_while_this_one_trains(dumps_dir):
