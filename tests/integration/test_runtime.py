@@ -120,7 +120,7 @@ def test_data_slime_accepts_is_counted_in_the_report_and_progress(tmp_path):
     assert report.summary == summary
 
 
-def test_debug_mode_constructs_no_engine_router_or_rollout_function(tmp_path):
+def test_debug_mode_constructs_no_engine_router_or_monitor(tmp_path):
     from forge_replay.runtime.rollout_manager import RolloutManager
 
     write_dump(tmp_path / "rollout_0.pt", 0)
@@ -132,7 +132,7 @@ def test_debug_mode_constructs_no_engine_router_or_rollout_function(tmp_path):
     try:
         assert ray.get(manager.start.remote()) == ["replay_source"]
         plan = ray.get(manager.get_plan.remote())
-        assert not (plan.start_engines or plan.construct_rollout_function or plan.health_monitors
+        assert not (plan.start_engines or plan.health_monitors
                     or plan.fault_injection or plan.recover_before_weight_sync or plan.eval_fleet_self_probe)
         batch = ray.get(manager.get_rollout.remote(0))
         assert batch.num_samples == 8 and len(batch.rank_batches) == 2

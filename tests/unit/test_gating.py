@@ -17,7 +17,6 @@ def expected_plan(mode: str, enabled: bool, components: tuple[str, ...]) -> dict
     rollout_ft = forge and enabled and "rollout" in components
     return {
         "start_engines": forge,
-        "construct_rollout_function": forge,
         "health_monitors": rollout_ft,
         "fault_injection": rollout_ft,
         "recover_before_weight_sync": rollout_ft,
@@ -49,7 +48,6 @@ def test_plan_table(mode, enabled, components, engines, rollout_ft, self_probe):
     plan = plan_rollout_side(mode, enabled, components)
     assert plan == RolloutSidePlan(
         start_engines=engines,
-        construct_rollout_function=engines,
         health_monitors=rollout_ft,
         fault_injection=rollout_ft,
         recover_before_weight_sync=rollout_ft,
@@ -120,3 +118,22 @@ def test_refused_weight_sync_combinations_are_refused_by_the_spec_too(choice, co
     with pytest.raises(SpecInvalid) as refused:
         parse_job(doc)
     assert [p.path for p in refused.value.problems] == ["spec.rollout.weightSync"]
+
+
+def test_a_debug_rollout_manager_constructs_its_replay_source_and_nothing_else(tmp_path):
+    """The plan's debug rows in the runtime (no Ray needed): the manager's construction log holds only the
+    replay source, its forge-mode hooks do nothing, and no engine fleet can be built from that plan."""
+    from forge_replay.api import parse_job
+    from forge_replay.runtime.engines.fleet import EngineFleet
+    from forge_replay.runtime.rollout_manager import RolloutManager
+    from tests.unit.spec_factory import debug_job
+
+    job = parse_job(debug_job(spec__faultTolerance={"enabled": True, "components": ["train"]}))
+    manager = RolloutManager(job, str(tmp_path), world_size=1, use_object_store=False)
+    assert manager.start() == ["replay_source"] and manager.engine_side is None
+    manager.before_train_step(0)
+    manager.after_train_step(0, None)
+    manager.before_eval(0)
+    assert manager.get_construction_log() == ["replay_source"] and manager.engine_report() is None
+    with pytest.raises(RuntimeError, match="debug mode"):
+        EngineFleet(None, manager.get_plan(), [], None, tmp_path, engine_command_given=False)

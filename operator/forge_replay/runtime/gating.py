@@ -15,11 +15,10 @@ class RolloutSidePlan:
     """What the runtime constructs on the rollout side for one job."""
 
     start_engines: bool
-    """sglang engines (and a router when there are several) are launched and kept alive."""
-    construct_rollout_function: bool
-    """The replay rollout function (slime's forge_load, ``forge_replay.replay.generate_rollout``)
-    is constructed. Debug mode reads dumps straight into the trainer and constructs none: nothing
-    there may compute engine counts from an absent rollout section (the miles `int * None` crash)."""
+    """sglang engines (and a router when there are several) are launched and kept alive. Debug mode starts
+    none and reads the dumps straight into the trainer (the rollout manager's replay source, in forge mode
+    too: the runtime calls no rollout function): nothing there may compute engine counts from an absent
+    rollout section (the miles `int * None` crash)."""
     health_monitors: bool
     """One health monitor thread per engine group probing /health_generate."""
     fault_injection: bool
@@ -43,7 +42,6 @@ def plan_rollout_side(mode: str, ft_enabled: bool, ft_components: Iterable[str])
     rollout_ft = engines and ft_enabled and "rollout" in set(ft_components)
     return RolloutSidePlan(
         start_engines=engines,
-        construct_rollout_function=engines,
         health_monitors=rollout_ft,
         fault_injection=rollout_ft,
         recover_before_weight_sync=rollout_ft,
