@@ -121,6 +121,13 @@ def test_eval_needs_a_template():
     assert parse_job(forge_job(spec__replay__evalInterval=2)).spec.replay.eval_interval == 2
 
 
+def test_eval_before_train_needs_eval_on():
+    assert_refused(forge_job(spec__replay__evalBeforeTrain=True), "spec.replay.evalBeforeTrain", "evalInterval > 0")
+    replay = parse_job(forge_job(spec__replay__evalBeforeTrain=True, spec__replay__evalInterval=2)).spec.replay
+    assert replay.eval_before_train is True
+    assert parse_job(forge_job()).spec.replay.eval_before_train is False
+
+
 # Rule 6: counts
 @pytest.mark.parametrize("field,value", [("numRollouts", 0), ("startRolloutId", -1), ("evalInterval", -1)])
 def test_rollout_counts(field, value):

@@ -193,6 +193,14 @@ class ReplaySpec(_Model):
             "(no fallback): evalInterval 4 over rollouts 0-7 reads eval_3 and eval_7. 0 disables eval."
         ),
     )
+    eval_before_train: bool = Field(
+        default=False,
+        description=(
+            "Also evaluate before the first training step, reading the eval_0 dump, as slime does (on by default "
+            "there, --skip-eval-before-train turns it off): only with evalInterval > 0, and only when the run "
+            "starts at rollout 0 (startRolloutId 0); a run started later does not."
+        ),
+    )
     verify: bool = Field(
         default=True,
         description="Check that every needed dump exists and loads safely before any GPU is requested.",
@@ -662,6 +670,14 @@ def _dumps_path_ok(spec: ForgeReplayJobSpec) -> list[Problem]:
     return [Problem("spec.replay.dumps.path", problem)] if problem else []
 
 
+def _eval_before_train_needs_eval(spec: ForgeReplayJobSpec) -> list[Problem]:
+    rp = spec.replay
+    if rp.eval_before_train and rp.eval_interval == 0:
+        return [Problem("spec.replay.evalBeforeTrain", "needs evalInterval > 0 (eval is off), as slime's "
+                        "eval before training needs an eval interval")]
+    return []
+
+
 def _eval_needs_template(spec: ForgeReplayJobSpec) -> list[Problem]:
     rp = spec.replay
     if rp.eval_interval > 0 and not is_template(rp.dumps.path):
@@ -844,6 +860,13 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
         "spec.replay.evalInterval: eval reads eval_N dumps and needs a {rollout_id} template in dumps.path",
         ".evalInterval",
         _eval_needs_template,
+    ),
+    CrossFieldRule(
+        "replay",
+        "!has(self.evalBeforeTrain) || !self.evalBeforeTrain || (has(self.evalInterval) && self.evalInterval > 0)",
+        "spec.replay.evalBeforeTrain: needs evalInterval > 0 (eval is off)",
+        ".evalBeforeTrain",
+        _eval_before_train_needs_eval,
     ),
     CrossFieldRule(
         "expect.baseline",
