@@ -7,6 +7,7 @@ refuse the same specs with the same field path.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -25,6 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
 from forge_replay.api.engine_args import engine_args_problems
+from forge_replay.backends import arg_problems
 from forge_replay.errors import Portable
 
 GROUP = "forgereplay.io"
@@ -213,6 +215,14 @@ class ReplaySpec(_Model):
         max_length=253,
         description="Key of the reward reported for eval when dump rewards are dicts (defaults to rewardKey).",
     )
+    loader: Literal["forgeReplay", "upstream"] = Field(
+        default="forgeReplay",
+        description=(
+            "slime / miles backends: forgeReplay (forge-replay's safe loader as the rollout function) or upstream "
+            "(slime's forge_load, or --load-debug-rollout-data in debug mode; these unpickle the dumps with "
+            "torch.load(weights_only=False), which runs any code a dump carries)."
+        ),
+    )
 
 
 class ModelSpec(_Model):
@@ -238,8 +248,47 @@ class ModelSpec(_Model):
 
 
 class TrainerSpec(_Model):
-    """The builtin FSDP trainer."""
+    """The trainer: the builtin FSDP trainer, or the team's own slime / miles script with replay flags injected."""
 
+    backend: Literal["builtin", "slime", "miles"] = Field(
+        default="builtin",
+        description=(
+            "builtin: forge-replay's FSDP trainer. slime | miles: the team's image runs its own script "
+            "(cd workingDir && python3 script args...), forge-replay appends the replay, layout and rollout flags."
+        ),
+    )
+    image: str = Field(
+        default="",
+        max_length=1024,
+        description="slime / miles: the team's image; every Ray pod (the submitter too) runs it. Required there.",
+    )
+    working_dir: str = Field(
+        default="",
+        max_length=MAX_PATH_LENGTH,
+        description="slime / miles: absolute folder in the image the script runs in (e.g. /root/slime). Required there.",
+    )
+    script: str = Field(
+        default="train.py",
+        min_length=1,
+        max_length=MAX_PATH_LENGTH,
+        description="slime / miles: the training script, relative to workingDir.",
+    )
+    args: list[Annotated[str, Field(max_length=MAX_PATH_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=4096,
+        description=(
+            "slime / miles: the team's own argv (e.g. Megatron's model flags). It may not set a flag forge-replay "
+            "injects, nor --num-epoch, --dump-details, --save-debug-rollout-data (miles: --fully-async, "
+            "--ci-inject-rollout-data-path)."
+        ),
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "slime / miles: environment variables merged into the Ray job's runtime env (env_vars), over "
+            "the defaults (PYTHONPATH with Megatron-LM, CUDA_DEVICE_MAX_CONNECTIONS=1)."
+        ),
+    )
     nodes: Int = Field(default=1, ge=1, le=4096, description="Trainer nodes (Ray worker pods).")
     gpus_per_node: Int = Field(
         default=8, ge=0, le=64, description="GPUs per trainer node; 0 trains on CPUs (local runs, smoke tests)."
@@ -275,8 +324,16 @@ class TrainerSpec(_Model):
 
     @model_validator(mode="after")
     def _default_clip_eps_high(self) -> TrainerSpec:
-        if self.clip_eps_high is None:
+        if self.clip_eps_high is None and self.backend == "builtin":  # slime / miles: not ours to set
             self.clip_eps_high = self.clip_eps
+        return self
+
+    @model_validator(mode="after")
+    def _byo_args_allowed(self) -> TrainerSpec:
+        if self.backend != "builtin":
+            problems = arg_problems(self.backend, self.args)
+            if problems:
+                raise SpecInvalid([Problem(f"spec.trainer.args[{i}]", message) for i, message in problems])
         return self
 
 
@@ -920,12 +977,214 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
 ]
 
 
+# ----------------------------------------------------------- bring your own trainer (slime, miles)
+
+_BYO_FIELDS = ("image", "working_dir", "script", "args", "env")
+"""TrainerSpec fields that only slime / miles read."""
+_BUILTIN_FIELDS = (
+    "micro_batch_tokens", "gradient_checkpointing", "dtype", "learning_rate", "clip_eps", "clip_eps_high",
+    "n_samples_per_prompt", "normalize_advantage_std", "seed", "memory_snapshot",
+)  # fmt: skip
+"""TrainerSpec fields that only the builtin trainer reads (slime / miles take theirs from args)."""
+
+
+def _trainer_default(name: str) -> Any:
+    return TrainerSpec.model_fields[name].get_default(call_default_factory=True)
+
+
+def _alias(name: str) -> str:
+    return to_camel(name)
+
+
+def _byo_fields_need_backend(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.backend != "builtin":
+        return []
+    return [
+        Problem(f"spec.trainer.{_alias(name)}", "only for backend slime or miles (the builtin trainer runs forge-replay's "
+                "own image and code)")
+        for name in _BYO_FIELDS
+        if getattr(t, name) != _trainer_default(name)
+    ]
+
+
+def _builtin_fields_refused(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.backend == "builtin":
+        return []
+    return [
+        Problem(f"spec.trainer.{_alias(name)}", f"means nothing to backend {t.backend}: set it in spec.trainer.args "
+                "with the script's own flag, or remove it")
+        for name in _BUILTIN_FIELDS
+        if getattr(t, name) != _trainer_default(name)
+    ]
+
+
+def _byo_needs_image(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.backend == "builtin":
+        return []
+    problems = []
+    if not t.image:
+        problems.append(Problem("spec.trainer.image", f"required with backend {t.backend}: the team's image"))
+    if not t.working_dir.startswith("/"):
+        problems.append(Problem("spec.trainer.workingDir", f"required with backend {t.backend}: an absolute folder "
+                                f"in the image holding the script ({t.working_dir!r})"))
+    return problems
+
+
+def _upstream_loader_needs_byo(spec: ForgeReplayJobSpec) -> list[Problem]:
+    if spec.replay.loader == "upstream" and spec.trainer.backend == "builtin":
+        return [Problem("spec.replay.loader", "upstream is slime's own loader: it needs backend slime or miles "
+                        "(the builtin trainer always uses forge-replay's safe loader)")]
+    return []
+
+
+def _miles_has_no_forge_load(spec: ForgeReplayJobSpec) -> list[Problem]:
+    if spec.replay.loader == "upstream" and spec.trainer.backend == "miles" and spec.replay.mode == "forge":
+        return [Problem("spec.replay.loader", "miles has no forge_load: use loader forgeReplay in forge mode")]
+    return []
+
+
+def _byo_fallback_passable(spec: ForgeReplayJobSpec) -> list[Problem]:
+    backend, replay = spec.trainer.backend, spec.replay
+    if backend == "builtin" or replay.dumps.fallback_to_first:
+        return []
+    if replay.loader == "upstream":
+        why = "slime's own loaders always fall back to rollout 0's file"
+    elif backend == "slime":
+        why = "slime drops flags it does not declare, so the loader cannot be told (use backend miles or builtin)"
+    else:
+        return []
+    return [Problem("spec.replay.dumps.fallbackToFirst", f"false cannot be honoured: {why}")]
+
+
+def _slime_ft_has_no_components(spec: ForgeReplayJobSpec) -> list[Problem]:
+    ft = spec.fault_tolerance
+    if spec.trainer.backend == "slime" and ft.enabled and ft.active_components == ["train"]:
+        return [Problem("spec.faultTolerance.components", "slime's --use-fault-tolerance has no components (it "
+                        "watches the rollout engines): [train] alone cannot be run; use [rollout] or backend miles")]
+    return []
+
+
+def _byo_gpus_divide(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t, r = spec.trainer, spec.rollout
+    if t.backend == "builtin" or t.gpus_per_node == 0 or r is None or r.colocate:
+        return []
+    per_node, problems = t.gpus_per_node, []
+    if r.num_gpus % per_node:
+        problems.append(Problem("spec.rollout.numGpus", f"must be a multiple of spec.trainer.gpusPerNode ({per_node}): "
+                                f"{t.backend} places engines on whole nodes of the one worker group"))
+    if r.num_gpus_per_engine % per_node and per_node % r.num_gpus_per_engine:
+        problems.append(Problem("spec.rollout.numGpusPerEngine", f"must divide spec.trainer.gpusPerNode ({per_node}) "
+                                f"or be a multiple of it: an engine may not straddle a node boundary"))
+    return problems
+
+
+def _cel_literal(value: Any) -> str:
+    return json.dumps(value)
+
+
+_CEL_BUILTIN = "!has(self.backend) || self.backend == 'builtin'"
+_CEL_BYO = "has(self.backend) && self.backend != 'builtin'"
+
+CROSS_FIELD_RULES += [
+    CrossFieldRule(
+        "trainer",
+        f"({_CEL_BYO}) || ("
+        + " && ".join(
+            f"(!has(self.{_alias(n)}) || self.{_alias(n)} == {_cel_literal(_trainer_default(n))})"
+            if n in ("image", "script") else
+            f"(!has(self.{_alias(n)}) || size(self.{_alias(n)}) == 0)"
+            for n in _BYO_FIELDS if n != "working_dir"
+        )
+        + " && (!has(self.workingDir) || self.workingDir == ''))",
+        "spec.trainer: image, workingDir, script, args and env are only for backend slime or miles",
+        ".backend",
+        _byo_fields_need_backend,
+    ),
+    CrossFieldRule(
+        "trainer",
+        f"({_CEL_BUILTIN}) || ("
+        + " && ".join(
+            f"!has(self.{_alias(n)})" if _trainer_default(n) is None
+            else f"(!has(self.{_alias(n)}) || self.{_alias(n)} == {_cel_literal(_trainer_default(n))})"
+            for n in _BUILTIN_FIELDS
+        )
+        + ")",
+        "spec.trainer: microBatchTokens, gradientCheckpointing, dtype, learningRate, clipEps, clipEpsHigh, "
+        "nSamplesPerPrompt, normalizeAdvantageStd, seed and memorySnapshot mean nothing to backend slime or miles "
+        "(set them in args)",
+        ".backend",
+        _builtin_fields_refused,
+    ),
+    CrossFieldRule(
+        "trainer",
+        f"({_CEL_BUILTIN}) || (has(self.image) && self.image != '' && has(self.workingDir) && "
+        "self.workingDir.startsWith('/'))",
+        "spec.trainer.image: image and an absolute workingDir are required with backend slime or miles",
+        ".image",
+        _byo_needs_image,
+    ),
+    CrossFieldRule(
+        "",
+        "!has(self.replay.loader) || self.replay.loader != 'upstream' || "
+        "(has(self.trainer) && has(self.trainer.backend) && self.trainer.backend != 'builtin')",
+        "spec.replay.loader: upstream is slime's own loader: it needs backend slime or miles",
+        ".replay.loader",
+        _upstream_loader_needs_byo,
+    ),
+    CrossFieldRule(
+        "",
+        "!has(self.replay.loader) || self.replay.loader != 'upstream' || self.replay.mode != 'forge' || "
+        "!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend != 'miles'",
+        "spec.replay.loader: miles has no forge_load: use loader forgeReplay in forge mode",
+        ".replay.loader",
+        _miles_has_no_forge_load,
+    ),
+    CrossFieldRule(
+        "",
+        "!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' || "
+        "!has(self.replay.dumps.fallbackToFirst) || self.replay.dumps.fallbackToFirst || "
+        "(self.trainer.backend == 'miles' && (!has(self.replay.loader) || self.replay.loader == 'forgeReplay'))",
+        "spec.replay.dumps.fallbackToFirst: false can be honoured only by backend miles with loader forgeReplay "
+        "(slime's loaders always fall back; slime drops flags it does not declare)",
+        ".replay.dumps.fallbackToFirst",
+        _byo_fallback_passable,
+    ),
+    CrossFieldRule(
+        "",
+        "!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend != 'slime' || "
+        "!has(self.faultTolerance) || !has(self.faultTolerance.enabled) || !self.faultTolerance.enabled || "
+        "!has(self.faultTolerance.components) || 'rollout' in self.faultTolerance.components",
+        "spec.faultTolerance.components: slime's fault tolerance has no components: [train] alone cannot be run",
+        ".faultTolerance.components",
+        _slime_ft_has_no_components,
+    ),
+    CrossFieldRule(
+        "",
+        "!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' || "
+        "!has(self.rollout) || (has(self.rollout.colocate) && self.rollout.colocate) || "
+        "!has(self.trainer.gpusPerNode) || self.trainer.gpusPerNode == 0 || "
+        "(self.rollout.numGpus % self.trainer.gpusPerNode == 0 && "
+        "(self.rollout.numGpusPerEngine % self.trainer.gpusPerNode == 0 || "
+        "self.trainer.gpusPerNode % self.rollout.numGpusPerEngine == 0))",
+        "spec.rollout.numGpus: with backend slime or miles, engines fill whole nodes of gpusPerNode GPUs "
+        "(numGpus a multiple of it; numGpusPerEngine a divisor or a multiple of it)",
+        ".rollout.numGpus",
+        _byo_gpus_divide,
+    ),
+]
+
+
 class ForgeReplayJobSpec(_Model):
     """The desired replay job."""
 
     replay: ReplaySpec = _desc("What is replayed: mode, dumps, rollouts, eval and pre-flight verification.")
     model: ModelSpec = _desc("The trained model: exactly one of config (random init) and path (checkpoint).")
-    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The builtin FSDP trainer.")
+    trainer: TrainerSpec = Field(
+        default_factory=TrainerSpec, description="The builtin FSDP trainer, or the team's slime / miles script."
+    )
     rollout: RolloutSpec | None = Field(
         default=None, description="sglang engines; required in forge mode, forbidden in debug mode."
     )

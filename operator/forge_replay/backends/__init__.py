@@ -22,7 +22,10 @@ ROLLOUT_FUNCTION = "forge_replay.replay.generate_rollout"
 UPSTREAM_FORGE_FUNCTION = "slime.rollout.forge_load.generate_rollout"
 """slime's own forge loader (unpickles with torch.load(weights_only=False)); miles has none."""
 
-OWN_FLAGS = ("--load-forge-rollout-data",)
+FALLBACK_FLAGS = ("--forge-replay-fallback-to-first", "--no-forge-replay-fallback-to-first")
+"""Our loader's switch for spec.replay.dumps.fallbackToFirst (miles only: slime drops undeclared flags)."""
+
+OWN_FLAGS = ("--load-forge-rollout-data", *FALLBACK_FLAGS)
 """Flags our rollout function's ``add_arguments`` adds to a parser that lacks them (miles has none of these)."""
 
 INJECTED_FLAGS = (
@@ -35,7 +38,7 @@ INJECTED_FLAGS = (
 )  # fmt: skip
 """Every flag the operator may inject for either backend (``--ft-components`` too, for miles)."""
 
-BACKEND_INJECTED = {"slime": INJECTED_FLAGS, "miles": (*INJECTED_FLAGS, "--ft-components")}
+BACKEND_INJECTED = {"slime": INJECTED_FLAGS, "miles": (*INJECTED_FLAGS, "--ft-components", *FALLBACK_FLAGS)}
 
 REFUSED_FLAGS = {
     "slime": ("--num-epoch", "--dump-details", "--save-debug-rollout-data"),
@@ -129,6 +132,8 @@ def injected_argv(spec: Any, dumps_root: str) -> list[str]:
     if replay.mode == "debug":
         argv.append("--debug-train-only")
     argv += loader_flags(replay.mode, replay.loader, f"{dumps_root.rstrip('/')}/{replay.dumps.path}")
+    if backend == "miles" and replay.loader == "forgeReplay" and not replay.dumps.fallback_to_first:
+        argv.append("--no-forge-replay-fallback-to-first")
     start = replay.start_rollout_id
     argv += ["--start-rollout-id", str(start), "--num-rollout", str(start + replay.num_rollouts)]
     if replay.eval_interval:
