@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from forge_replay.api.models import MemoryPeak, _Model
+from forge_replay.api.models import ExpectationResult, MemoryPeak, _Model
 
 PROGRESS_KEY = "progress.json"
 
@@ -22,6 +22,9 @@ class RunResult(_Model):
     phase: Literal["Succeeded", "Failed"] = Field(description="Succeeded or Failed.")
     message: str = Field(default="", max_length=4000, description="Why it failed (the runtime's one line).")
     finished_at: str | None = Field(default=None, description="When the run ended (RFC 3339).")
+    expectations: list[ExpectationResult] | None = Field(
+        default=None, description="The verdict on spec.expect (one entry per check); absent without spec.expect."
+    )
 
 
 class ProgressReport(_Model):

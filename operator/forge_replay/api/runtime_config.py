@@ -25,13 +25,16 @@ class RuntimeConfig(_Model):
     progress_configmap: str | None = Field(
         default=None, description="ConfigMap (in the job's namespace) the runtime patches with progress."
     )
+    baseline_path: str | None = Field(
+        default=None, description="The baseline report.json of spec.expect.baseline (mounted, or --baseline FILE)."
+    )
 
     def to_yaml(self) -> str:
         """Serialize as the YAML the runtime reads back."""
         doc = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         # Top-level None is meaningful (no results dir, no model volume): keep it, or it would read back as the default.
         for name, field in type(self).model_fields.items():
-            if name != "job":
+            if name != "job" and not (name == "baseline_path" and self.baseline_path is None):  # no baseline: unsaid
                 doc[field.alias or name] = getattr(self, name)
         return yaml.safe_dump(doc, sort_keys=False)
 

@@ -2,7 +2,8 @@
 
 FILE is the runtime config the operator mounts from a ConfigMap (``RuntimeConfig``: the validated
 job plus the mount points). Joins the Ray cluster (``RAY_ADDRESS`` under a KubeRay RayJob) or starts
-a local Ray. Exit status: 0 success, 1 the run failed, 2 the config or the results folder is unusable.
+a local Ray. Exit status: 0 success, 1 the run failed, 2 the config or the results folder is unusable, 3 the run
+finished but an expectation of spec.expect failed.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     how = connect_ray(local=False, num_cpus=local_cpus_needed(trainer_settings(config.job.spec.trainer).world_size))
     logging.getLogger(__name__).info("Ray: %s", how)
     try:
-        run_job(config, fixed_cluster=False, show_progress=not args.no_progress)
+        report = run_job(config, fixed_cluster=False, show_progress=not args.no_progress)
     except ReplayRunError as exc:
         print(f"forge-replay: run failed: {exc}", file=sys.stderr)
         record_result(config, "Failed", str(exc))  # the operator reads it after the RayJob is gone
@@ -58,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if how != ALREADY_CONNECTED:
             ray.shutdown()
-    record_result(config, "Succeeded")
+    from forge_replay.runtime.verdict import unmet
+
+    if unmet(report):  # the run finished, but spec.expect failed: the job fails (ExpectationsMet=False)
+        print(f"forge-replay: {unmet(report)}", file=sys.stderr)
+        record_result(config, "Failed", unmet(report), report.expectations)
+        return 3
+    record_result(config, "Succeeded", expectations=report.expectations)
     return 0
 
 

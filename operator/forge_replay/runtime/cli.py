@@ -13,6 +13,8 @@ from pathlib import Path
 import click
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+EXIT_EXPECTATIONS = 3
+"""The run finished (or was stopped over its memory budget) but an expectation of spec.expect failed."""
 
 
 _STOPPED_BY: list[int] = []
@@ -149,8 +151,10 @@ def quiet_local_ray() -> None:
 @click.option("--engine-command", default=None, metavar="CMD",
               help="forge mode: command replacing `python -m sglang.launch_server` (same arguments).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--baseline", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="The baseline report.json of spec.expect.baseline, in place of its ConfigMap or PVC.")
 def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
-        synth_missing: bool, engine_command: str | None, no_progress: bool) -> None:
+        synth_missing: bool, engine_command: str | None, no_progress: bool, baseline: str | None = None) -> None:
     """Validate FILE (one ForgeReplayJob) and replay it on a local Ray on this machine.
 
     The PVC paths of the spec are mapped to local folders (--dumps-root, --model-root). Writes
@@ -159,6 +163,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     Exit status: 0 success; 1 the run failed (missing dump, bad sample, trainer error);
     2 FILE is unusable (unreadable, invalid spec, forge mode without sglang or --engine-command), or the
     results folder is (not writable, or in use by another run, which is named);
+    3 the run finished but an expectation of spec.expect failed (a verdict table follows the run's; a run over
+    maxPeakMemoryGiB is stopped after the step that went over);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
     """
     import signal
@@ -167,7 +173,7 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     for signum in (signal.SIGINT, signal.SIGTERM):  # from the first moment: imports, synthesis, Ray's start
         signal.signal(signum, _stop_run)
     try:
-        _run(file, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress)
+        _run(file, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress, baseline)
     except KeyboardInterrupt:  # before the replay started (after, _replay says how it stopped)
         code = 143 if _STOPPED_BY and _STOPPED_BY[0] == signal.SIGTERM else 130
         click.echo(f"forge-replay run {file}: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'} "
@@ -176,7 +182,7 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
 
 
 def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
-         synth_missing: bool, engine_command: str | None, no_progress: bool) -> None:
+         synth_missing: bool, engine_command: str | None, no_progress: bool, baseline: str | None = None) -> None:
     err = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
         job = load_one_job(file)
@@ -197,6 +203,12 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
         if problem:
             err(f"{file}: {problem}")
             sys.exit(EXIT_UNUSABLE)
+    from forge_replay.runtime.verdict import baseline_problem
+
+    problem = baseline_problem(baseline, spec)  # before Ray: a baseline that cannot be used is bad input
+    if problem:
+        err(f"{file}: {problem}")
+        sys.exit(EXIT_UNUSABLE)
     from forge_replay.runtime.results import ResultsError, ResultsLock, check_writable, set_previous_aside
 
     lock = ResultsLock(results_dir, name)
@@ -211,14 +223,20 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
     if lock.note:
         err(f"{file}: {lock.note}")
     try:
-        _replay(file, job, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress)
+        report = _replay(file, job, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress,
+                         baseline)
     finally:
         lock.release()
+    from forge_replay.runtime.verdict import unmet
+
+    if unmet(report):
+        err(f"forge-replay run {file}: {unmet(report)}")
+        sys.exit(EXIT_EXPECTATIONS)
 
 
 def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str | None, synth_missing: bool,
-            engine_command: str | None, no_progress: bool) -> None:
-    """The run once its results folder is held: dumps, pre-flight checks, Ray, the replay."""
+            engine_command: str | None, no_progress: bool, baseline: str | None = None):
+    """The run once its results folder is held: dumps, pre-flight checks, Ray, the replay; returns its report."""
     err = lambda msg: click.echo(msg, err=True)  # noqa: E731
     spec = job.spec
     if synth_missing:
@@ -244,7 +262,8 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
 
     config = RuntimeConfig(job=job, dumps_root=os.path.abspath(dumps_root), results_dir=os.path.abspath(results_dir),
                            model_root=os.path.abspath(model_root) if model_root else None,
-                           engine_command=engine_command, progress_configmap=None)
+                           engine_command=engine_command, progress_configmap=None,
+                           baseline_path=os.path.abspath(baseline) if baseline else None)
     try:
         prepared = preflight(config)
     except ReplayRunError as exc:
@@ -268,7 +287,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
             raise KeyboardInterrupt from None
         for signum in (signal.SIGINT, signal.SIGTERM):  # ray.init replaced the SIGTERM handler with its own
             signal.signal(signum, _stop_run)
-        run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared,
+        return run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared,
                 stopped_by=lambda: signal.Signals(_STOPPED_BY[0]).name if _STOPPED_BY else None)
     except BaseException as exc:
         if _STOPPED_BY:

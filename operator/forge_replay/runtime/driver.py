@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side, plan_weight_sync
 from forge_replay.runtime.report import RunReport, combine_rank_results, memory_peak, progress_memory, summarize
@@ -124,7 +124,9 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from forge_replay.dumps.verify import eval_rollout_ids
     from forge_replay.runtime.placement import place_trainer
     from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
+    from forge_replay.expect import over_memory_budget
     from forge_replay.runtime.report import render_table
+    from forge_replay.runtime.verdict import environment, render_verdict, verdict
     from forge_replay.runtime.rollout_manager import RolloutManager
     from forge_replay.runtime.trainer.rank import TrainerGroup, trainer_settings
     from forge_replay.runtime.weights.calls import WeightSyncError
@@ -136,7 +138,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     job, spec = config.job, config.job.spec
     replay = spec.replay
     plan, source = prepared.plan, prepared.model_source
-    settings = trainer_settings(spec.trainer)
+    settings = trainer_settings(spec.trainer, deterministic=replay.mode == "debug")
+    budget = spec.expect.max_peak_memory_gib if spec.expect is not None else None
     rollout_ids = list(range(replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts))
     eval_after = set(eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval))
     publisher = ProgressPublisher(config.results_dir, config.progress_configmap, job.metadata.namespace)
@@ -186,7 +189,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                                             else ""))
         next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts
         group = TrainerGroup(settings, placement)
-        report.num_params = group.setup(source)[0]["num_params"]
+        rank0 = group.setup(source)[0]
+        report.num_params = rank0["num_params"]
+        report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
+                                         rank0["deterministic"])
         if plan.start_engines:
             starting(f"starting: waiting for {spec.rollout.num_engines} sglang engine(s)")
         ray.get(rollout_side)
@@ -234,6 +240,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                     report.evals.append(ray.get(manager.evaluate.remote(rollout_id)))
                 publish(step + 1)
                 saver.save(report, step_done=True)
+                report.stopped_early = over_memory_budget(asdict(record), budget)
+                if report.stopped_early:  # over spec.expect.maxPeakMemoryGiB: stop now, the verdict says why
+                    log.warning("%s", report.stopped_early)
+                    break
                 if not prefetch and step + 1 < len(rollout_ids):
                     next_batch = manager.get_rollout.remote(rollout_ids[step + 1])
                 progress.update(task, advance=1, info=f"loss {record.loss:.4f}"
@@ -257,6 +267,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             if signal_name:
                 report.interrupted, report.error = signal_name, f"interrupted by {signal_name}"
             report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
+            if report.error is None and spec.expect is not None:  # the verdict on a run that finished (or was stopped)
+                report.expectations = [c.to_dict() for c in verdict(report.to_dict(), spec, config.baseline_path)]
             publish(report.completed)  # a step trained but stopped in its weight push counts in both files
             if manager is not None and plan.start_engines:
                 try:
@@ -270,6 +282,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     if report_problem:
         raise ReplayRunError(report_problem)
     console.print(render_table(report))
+    if report.expectations is not None:
+        console.print(render_verdict(report.expectations))
     return report
 
 

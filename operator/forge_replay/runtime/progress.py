@@ -71,9 +71,11 @@ class ProgressPublisher:
         self._core.patch_namespaced_config_map(self.configmap, self.namespace, {"data": {PROGRESS_KEY: text}})
 
 
-def record_result(config, phase: str, message: str = "") -> None:
+def record_result(config, phase: str, message: str = "", expectations: list[dict] | None = None) -> None:
     """Publish how the run ended on top of its last progress report, so the operator can read the outcome
-    from the progress ConfigMap after KubeRay deleted the RayJob (never fatal, like every publish)."""
+    from the progress ConfigMap after KubeRay deleted the RayJob (never fatal, like every publish).
+    ``expectations``: the verdict's checks as report.json holds them (``forge_replay.expect.Check``)."""
+    from forge_replay.expect import Check
     publisher = ProgressPublisher(config.results_dir, config.progress_configmap, config.job.metadata.namespace)
     last = ProgressReport(total=config.job.spec.replay.num_rollouts)
     if publisher.path is not None and publisher.path.exists():
@@ -81,5 +83,6 @@ def record_result(config, phase: str, message: str = "") -> None:
             last = ProgressReport.model_validate_json(publisher.path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             log.warning("cannot read the last progress from %s (the result is published alone): %s", publisher.path, exc)
-    result = RunResult(phase=phase, message=message[-4000:], finished_at=now_rfc3339())
+    verdict = None if expectations is None else [Check(**c).to_status() for c in expectations]
+    result = RunResult(phase=phase, message=message[-4000:], finished_at=now_rfc3339(), expectations=verdict)
     publisher.publish(last.model_copy(update={"result": result, "updated_at": None}))

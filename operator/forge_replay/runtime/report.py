@@ -81,6 +81,13 @@ class RunReport:
     engines: dict | None = None
     """forge mode: engine count, restarts, weight versions, health/eval probes, GPU memory held
     (``forge_replay.runtime.engines.fleet.EngineFleet.report``); None in debug mode."""
+    environment: dict = field(default_factory=dict)
+    """What a baseline comparison needs to be meaningful: seed, torch / transformers / forge-replay versions,
+    device, world size and the deterministic settings that were on (``forge_replay.runtime.verdict.environment``)."""
+    stopped_early: str | None = None
+    """Why the run was stopped before its last rollout by an expectation (over spec.expect.maxPeakMemoryGiB)."""
+    expectations: list[dict] | None = None
+    """The verdict on spec.expect, one entry per check (``forge_replay.expect.Check``); None without spec.expect."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -31,6 +31,8 @@ class TrainerSettings:
     clip_eps_high: float
     seed: int
     memory_snapshot: bool
+    deterministic: bool = False
+    """Debug replay: torch's deterministic settings on (``forge_replay.runtime.verdict.make_deterministic``)."""
 
     @property
     def use_gpu(self) -> bool:
@@ -41,8 +43,9 @@ class TrainerSettings:
         return "nccl" if self.use_gpu else "gloo"
 
 
-def trainer_settings(trainer_spec) -> TrainerSettings:
-    """Settings for the trainer group; ``gpusPerNode: 0`` runs one CPU rank per node."""
+def trainer_settings(trainer_spec, deterministic: bool = False) -> TrainerSettings:
+    """Settings for the trainer group; ``gpusPerNode: 0`` runs one CPU rank per node. ``deterministic``: debug
+    replay, which turns torch's deterministic settings on."""
     return TrainerSettings(
         world_size=trainer_spec.nodes * max(trainer_spec.gpus_per_node, 1),
         gpus_per_node=trainer_spec.gpus_per_node,
@@ -55,6 +58,7 @@ def trainer_settings(trainer_spec) -> TrainerSettings:
         clip_eps_high=trainer_spec.clip_eps_high if trainer_spec.clip_eps_high is not None else trainer_spec.clip_eps,
         seed=trainer_spec.seed,
         memory_snapshot=trainer_spec.memory_snapshot,
+        deterministic=deterministic,
     )
 
 
@@ -87,6 +91,7 @@ class TrainerRank:
         self.device = "cpu"
         self.probe: MemoryProbe | None = None
         self.weight_group = None
+        self.deterministic: dict | None = None
 
     # -- setup -----------------------------------------------------------------------------
     def master_address(self) -> tuple[str, int]:
@@ -103,6 +108,10 @@ class TrainerRank:
         import torch.distributed as dist
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        if self.settings.deterministic:  # before the first CUDA call: cuBLAS reads its workspace setting once
+            from forge_replay.runtime.verdict import make_deterministic
+
+            self.deterministic = make_deterministic(self.settings.use_gpu)
         if self.settings.use_gpu:
             torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU
             self.device = "cuda:0"
@@ -147,7 +156,9 @@ class TrainerRank:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.settings.learning_rate)
         if self.settings.memory_snapshot:
             start_memory_history()
-        return {"rank": self.rank, "num_params": num_params, "device": self.device}
+        device_name = torch.cuda.get_device_name(0) if self.settings.use_gpu else "cpu"
+        return {"rank": self.rank, "num_params": num_params, "device": self.device, "device_name": device_name,
+                "deterministic": self.deterministic}
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, step: int, micro_batches: list[MicroBatch], loss_tokens_total: float) -> RankStepResult:

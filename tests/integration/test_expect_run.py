@@ -1,0 +1,74 @@
+"""`forge-replay run` with spec.expect on CPU (issue 17's done-when): a debug replay reproduces itself bit for bit,
+so the same job checked against the first run's report passes at rtol 1e-6; a baseline 1% off at one rollout and a
+memory budget of 0.01 GiB exit 3, the budget stopping the run after its first step with the report kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from click.testing import CliRunner  # noqa: E402
+
+from forge_replay.api import parse_job  # noqa: E402
+from forge_replay.expect import check_report, first_failure  # noqa: E402
+from forge_replay.runtime.cli import run as run_command  # noqa: E402
+from tests.integration.test_runtime import job_doc, write_dump, write_job_file  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
+
+
+def run_cli(tmp_path, doc, out, *extra):
+    (tmp_path / out).mkdir()
+    path = write_job_file(tmp_path / out, doc)
+    result = CliRunner().invoke(run_command, [path, "--dumps-root", str(tmp_path / "dumps"), "--results",
+                                              str(tmp_path / out / "results"), "--no-progress", *extra])
+    report = tmp_path / out / "results" / "report.json"
+    return result, (json.loads(report.read_text()) if report.exists() else None)
+
+
+def test_a_debug_replay_passes_against_its_own_report_and_fails_a_changed_one(tmp_path):
+    write_dump(tmp_path / "dumps" / "rollout_0.pt", 0)
+    write_dump(tmp_path / "dumps" / "rollout_1.pt", 1, seed=1)
+    write_dump(tmp_path / "dumps" / "rollout_2.pt", 2, seed=2)
+    doc = job_doc("expect", "rollout_{rollout_id}.pt", 3, lr=1e-2)
+    doc["spec"]["expect"] = {"maxFallbacks": 0, "minTokensPerSecond": 0}
+    first, first_report = run_cli(tmp_path, doc, "first")
+    assert first.exit_code == 0, first.output
+    env = first_report["environment"]
+    assert env["seed"] == 7 and env["device"] == "cpu" and env["world_size"] == 1 and env["torch"]
+    assert env["deterministic"]["use_deterministic_algorithms"] is True
+    assert [c["name"] for c in first_report["expectations"]] == ["maxFallbacks", "minTokensPerSecond"]
+    baseline = tmp_path / "first" / "results" / "report.json"
+
+    doc["spec"]["expect"]["baseline"] = {"configMapName": "release-baseline", "metrics": ["loss", "grad_norm"],
+                                         "rtol": 1e-6, "atol": 0.0}
+    again, again_report = run_cli(tmp_path, doc, "again", "--baseline", str(baseline))
+    assert again.exit_code == 0, again.output
+    assert all(c["passed"] for c in again_report["expectations"]), again_report["expectations"]
+    assert [c["name"] for c in again_report["expectations"]][-2:] == ["baseline.loss", "baseline.grad_norm"]
+    assert "expectations: all met" in again.output
+    # bit for bit, not merely within rtol
+    assert [r["loss"] for r in again_report["rollouts"]] == [r["loss"] for r in first_report["rollouts"]]
+
+    # a baseline 1% off at rollout 2: the same verdict functions the run uses name the rollout and the metric
+    off = json.loads(baseline.read_text())
+    off["rollouts"][2]["loss"] *= 1.01
+    miss = first_failure(check_report(again_report, parse_job(doc).spec.expect, off))
+    assert (miss.name, miss.rollout, miss.metric) == ("baseline.loss", 2, "loss")
+
+    # one more run: a baseline 1% off at rollout 0 and a memory budget no run meets -> exit 3 after one step
+    off["rollouts"][2]["loss"] /= 1.01
+    off["rollouts"][0]["loss"] *= 1.01
+    (tmp_path / "off.json").write_text(json.dumps(off))
+    doc["spec"]["expect"]["maxPeakMemoryGiB"] = 0.01
+    over, over_report = run_cli(tmp_path, doc, "over", "--baseline", str(tmp_path / "off.json"))
+    assert over.exit_code == 3, over.output
+    assert "maxPeakMemoryGiB" in over.output and "rollout 0: loss" in over.output
+    assert over_report["completed"] == 1 and over_report["partial"] is True
+    assert "over spec.expect.maxPeakMemoryGiB" in over_report["stopped_early"]
+    failed = {c["name"]: c for c in over_report["expectations"] if not c["passed"]}
+    assert set(failed) == {"maxPeakMemoryGiB", "baseline.loss"}
+    assert failed["maxPeakMemoryGiB"]["observed"] > 0.01 and failed["baseline.loss"]["rollout"] == 0
