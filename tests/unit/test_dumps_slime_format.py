@@ -1,7 +1,8 @@
 """A stand-alone mimic of slime's Sample and dump writer, and tests that our reader matches it.
 
-``SlimeSample`` reproduces ``slime.utils.types.Sample`` (plain Enum status, SpecInfo /
-PrefixCacheInfo dataclasses, ``to_dict`` = ``__dict__`` with converted members) and
+``SlimeSample`` reproduces ``slime.utils.types.Sample`` (THUDM/slime slime/utils/types.py @ 624b824a:
+plain Enum status, SpecInfo / PrefixCacheInfo dataclasses, the top-p replay fields
+``rollout_top_p_token_ids`` / ``rollout_top_p_token_offsets``, ``to_dict`` = ``__dict__`` with converted members) and
 ``save_debug_rollout_data`` reproduces slime's ``torch.save`` call, so dumps written here are
 byte-for-byte what slime writes. Other dump tests import these helpers.
 """
@@ -37,7 +38,7 @@ class SlimeSample:
     weight_versions: list[str] = field(default_factory=list)
     rollout_log_probs: list[float] | None = None
     rollout_top_p_token_ids: Any = None
-    rollout_top_p_offsets: Any = None
+    rollout_top_p_token_offsets: Any = None
     rollout_routed_experts: Any = None
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from forge_replay.dumps.bounds import Limits, quote
@@ -15,15 +15,18 @@ from forge_replay.dumps.sample import Sample, SampleError
 
 @dataclass
 class Dump:
-    """One dump file: the ``rollout_id`` stored in it, its samples, and where it was read from."""
+    """One dump file: the ``rollout_id`` stored in it, its samples, where it was read from, and the top-level
+    ``metadata`` dict miles writes (and reads back) next to the samples (empty when the dump has none)."""
 
     rollout_id: int
     samples: list[Sample]
     path: str
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def load_raw(path: str | os.PathLike[str], limits: Limits | None = None) -> dict[str, Any]:
-    """The dump's top-level dict ``{"rollout_id": int, "samples": [dict, ...]}``, read safely.
+    """The dump's top-level dict ``{"rollout_id": int, "samples": [dict, ...]}``, read safely; every other
+    top-level key (miles' ``metadata``) is kept as it is.
 
     Packed dumps (``forge-replay dumps pack``) are read transparently; ``limits`` bound the work
     (see :mod:`forge_replay.dumps.bounds`). Raises DumpError.
@@ -50,6 +53,8 @@ def check_top_level(blob: Any, path: str) -> None:
         raise DumpError(path, f"'rollout_id' must be an int, got {quote(blob['rollout_id'])}")
     if not isinstance(blob["samples"], list):
         raise DumpError(path, f"'samples' must be a list, got {type(blob['samples']).__name__}")
+    if not isinstance(blob.get("metadata", {}), dict | None):  # miles reads it back with payload.get("metadata") or {}
+        raise DumpError(path, f"'metadata' must be a dict, got {type(blob['metadata']).__name__}")
 
 
 def load(path: str | os.PathLike[str], limits: Limits | None = None) -> Dump:
@@ -60,7 +65,7 @@ def load(path: str | os.PathLike[str], limits: Limits | None = None) -> Dump:
     path = os.fspath(path)
     blob = load_raw(path, limits)
     samples = [Sample.from_dict(d, index=i, where=path) for i, d in enumerate(blob["samples"])]
-    return Dump(rollout_id=blob["rollout_id"], samples=samples, path=path)
+    return Dump(rollout_id=blob["rollout_id"], samples=samples, path=path, metadata=blob.get("metadata") or {})
 
 
 def share_like_open(fd: int) -> None:
@@ -71,8 +76,14 @@ def share_like_open(fd: int) -> None:
     os.fchmod(fd, 0o666 & ~umask)
 
 
-def save(path: str | os.PathLike[str], rollout_id: int, samples: Iterable[Sample | dict[str, Any]]) -> None:
-    """Write ``torch.save({"rollout_id": ..., "samples": [s.to_dict() ...]}, path)`` like slime does.
+def save(
+    path: str | os.PathLike[str],
+    rollout_id: int,
+    samples: Iterable[Sample | dict[str, Any]],
+    metadata: dict[str, Any] | None = None,
+) -> None:
+    """Write ``torch.save({"rollout_id": ..., "samples": [s.to_dict() ...]}, path)`` like slime does; with
+    ``metadata``, ``{"rollout_id", "metadata", "samples"}`` like miles does.
 
     The write is atomic (temporary file + rename) so a reader never sees half a dump.
     """
@@ -80,7 +91,10 @@ def save(path: str | os.PathLike[str], rollout_id: int, samples: Iterable[Sample
 
     path = os.fspath(path)
     dicts = [s.to_dict() if isinstance(s, Sample) else dict(s) for s in samples]
-    blob = {"rollout_id": int(rollout_id), "samples": dicts}
+    blob: dict[str, Any] = {"rollout_id": int(rollout_id)}
+    if metadata is not None:
+        blob["metadata"] = metadata
+    blob["samples"] = dicts
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=directory)

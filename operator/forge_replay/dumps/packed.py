@@ -8,8 +8,9 @@ For every packed column (``tokens``, ``loss_mask``, ``rollout_log_probs``, ``tea
 the file holds ``<col>.values`` (all samples concatenated), ``<col>.offsets`` (int64, n + 1) and
 ``<col>.packed`` (uint8, n: 1 when sample i's value is a plain list stored in the arrays). Every
 other field, and any column value that is not a plain list of ints/floats (a tensor, None), stays
-in ``rest``: a ``torch.save`` archive of the per-sample dicts, read with the safe loader. So a
-packed dump round-trips to exactly the dicts it was made from.
+in ``rest``: a ``torch.save`` archive of the per-sample dicts (and the dump's top-level ``metadata``,
+when it has one), read with the safe loader. So a packed dump round-trips to exactly the dicts it
+was made from.
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ def pack_dicts(sample_dicts: list[dict[str, Any]]) -> tuple[dict[str, np.ndarray
     return arrays, rest
 
 
-def write_packed(path: str, rollout_id: int, sample_dicts: list[dict[str, Any]]) -> None:
-    """Write ``sample_dicts`` (slime ``to_dict`` shape) as a packed dump, atomically."""
+def write_packed(
+    path: str, rollout_id: int, sample_dicts: list[dict[str, Any]], metadata: dict[str, Any] | None = None
+) -> None:
+    """Write ``sample_dicts`` (slime ``to_dict`` shape) and miles' top-level ``metadata`` (kept only when
+    given) as a packed dump, atomically."""
     import io
 
     import torch
@@ -109,7 +113,10 @@ def write_packed(path: str, rollout_id: int, sample_dicts: list[dict[str, Any]])
     key_orders = [list(d.keys()) for d in sample_dicts]
     arrays, rest = pack_dicts(sample_dicts)
     rest_buffer = io.BytesIO()
-    torch.save({"rollout_id": int(rollout_id), "samples": rest, "key_orders": key_orders}, rest_buffer)
+    rest_blob: dict[str, Any] = {"rollout_id": int(rollout_id), "samples": rest, "key_orders": key_orders}
+    if metadata is not None:
+        rest_blob["metadata"] = metadata
+    torch.save(rest_blob, rest_buffer)
     rest_bytes = rest_buffer.getvalue()
 
     entries: dict[str, dict[str, Any]] = {}
@@ -164,6 +171,16 @@ class PackedDump:
     arrays: dict[str, np.ndarray]
     rest_bytes: bytes
 
+    def top_level(self, limits: Limits | None = None) -> dict[str, Any]:
+        """slime's top-level dict ``{"rollout_id", "samples": [dict, ...]}``, with ``metadata`` between the
+        two when the source dump had it (miles' order)."""
+        blob = self._rest(limits)
+        top: dict[str, Any] = {"rollout_id": self.rollout_id}
+        if "metadata" in blob:
+            top["metadata"] = blob["metadata"]
+        top["samples"] = self._samples(blob)
+        return top
+
     def column(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(values, offsets, packed flags) of a packed column, or None when no sample had it packed."""
         if f"{name}.values" not in self.arrays:
@@ -172,9 +189,17 @@ class PackedDump:
 
     def sample_dicts(self, limits: Limits | None = None) -> list[dict[str, Any]]:
         """The original per-sample dicts, with the packed columns as Python lists again."""
+        return self._samples(self._rest(limits))
+
+    def _rest(self, limits: Limits | None) -> dict[str, Any]:
         blob = safe_load_bytes(self.rest_bytes, f"{self.path} (rest section)", limits)
-        rest = blob.get("samples") if isinstance(blob, dict) else None
-        orders = blob.get("key_orders") if isinstance(blob, dict) else None
+        if not isinstance(blob, dict) or not isinstance(blob.get("metadata", {}), dict):
+            raise DumpError(self.path, "packed rest section does not match the header", "re-run forge-replay dumps pack")
+        return blob
+
+    def _samples(self, blob: dict[str, Any]) -> list[dict[str, Any]]:
+        rest = blob.get("samples")
+        orders = blob.get("key_orders")
         if (
             not isinstance(rest, list)
             or len(rest) != self.num_samples
@@ -248,9 +273,9 @@ def open_packed(path: str, use_mmap: bool = True) -> PackedDump:
 
 
 def load_packed_raw(path: str, limits: Limits | None = None) -> dict[str, Any]:
-    """The packed dump as slime's top-level dict ``{"rollout_id", "samples": [dict, ...]}``."""
-    dump = open_packed(path, use_mmap=False)
-    return {"rollout_id": dump.rollout_id, "samples": dump.sample_dicts(limits)}
+    """The packed dump as slime's top-level dict ``{"rollout_id", "samples": [dict, ...]}`` (with miles'
+    ``metadata`` when the source had it)."""
+    return open_packed(path, use_mmap=False).top_level(limits)
 
 
 def _first(exc: BaseException) -> str:

@@ -5,6 +5,10 @@ but parses in Python (about 9x slower on rollout dumps). This module keeps the C
 only overrides ``find_class`` (an allowlist: tensor rebuild, dtypes, OrderedDict, ...) and
 ``persistent_load`` (storages read from the zip's ``data/<key>`` records). No other global is
 ever resolved, so nothing named by the pickle can run; the parse itself stays at C speed.
+Builtins protocol 2 writes as globals (set, frozenset, complex, bytearray) are checked wrappers;
+tensors of dtypes without a legacy storage class (uint16/32/64, float8) come through a checked
+``_rebuild_tensor_v3``; the few upstream classes dumps hold (miles' ``AdapterRef`` / ``RewardSpec``,
+PIL images) resolve to the inert stand-ins of :mod:`forge_replay.dumps.inert`.
 
 Integrity: nothing ``find_class`` hands out can be changed by the pickle (BUILD, attribute
 state), so no dump can affect a later load. Functions are handed out as read-only wrappers that
@@ -28,6 +32,7 @@ from typing import IO, Any
 import torch
 
 from forge_replay.dumps.bounds import BoundsError, Limits, check_pickle, default_limits, open_regular, quote, raise_hint
+from forge_replay.dumps.inert import upstream_globals
 
 ZIP_MAGIC = b"PK\x03\x04"
 # torch's legacy (pre-1.6) serialization starts with this pickled magic number.
@@ -125,6 +130,27 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_
     return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, collections.OrderedDict(), metadata)
 
 
+def _rebuild_tensor_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any,
+                       dtype: Any, *rest: Any):
+    """``torch._utils._rebuild_tensor_v3`` (dtypes without a legacy storage class: uint16/32/64, float8) with its
+    arguments checked as for v2; the storage is untyped (bytes), so the geometry is checked in ``dtype`` elements."""
+    if not isinstance(dtype, torch.dtype) or not isinstance(storage, torch.storage.TypedStorage) or len(rest) > 1:
+        raise pickle.UnpicklingError(f"malformed tensor record (dtype {quote(dtype)})")
+    if storage.dtype != torch.uint8:
+        raise pickle.UnpicklingError(f"a {dtype} tensor over a {storage.dtype} storage: expected an untyped storage")
+    if not isinstance(offset, int) or not _int_tuple(size) or not _int_tuple(stride) or len(size) != len(stride):
+        raise pickle.UnpicklingError(f"malformed tensor geometry: offset {quote(offset)}, size {quote(size)}")
+    if type(requires_grad) is not bool or (hooks is not None and (not isinstance(hooks, dict) or hooks)):
+        raise pickle.UnpicklingError("malformed tensor record: requires_grad must be a bool and backward hooks empty")
+    metadata = rest[0] if rest else None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise pickle.UnpicklingError(f"malformed tensor metadata {quote(metadata)}")
+    _check_geometry(storage.size() // torch._utils._element_size(dtype), offset, size, stride)
+    return torch._utils._rebuild_tensor_v3(
+        storage, offset, size, stride, requires_grad, collections.OrderedDict(), dtype, metadata
+    )
+
+
 def _check_geometry(storage_elements: int, offset: int, size: tuple, stride: tuple) -> None:
     """A tensor may not hold more elements than its storage, nor reach outside it.
 
@@ -166,9 +192,47 @@ def _empty_bytes(*args: Any) -> bytes:
     return b""
 
 
+def _set(*args: Any) -> set:
+    """``set(list)`` as protocol 2 writes a set; anything but one list or tuple of items is refused."""
+    return set(_items("set", args))
+
+
+def _frozenset(*args: Any) -> frozenset:
+    return frozenset(_items("frozenset", args))
+
+
+def _items(kind: str, args: tuple) -> Any:
+    if not args:
+        return ()
+    if len(args) != 1 or type(args[0]) not in (list, tuple):
+        raise Refused(f"{kind}{quote(args)}: only {kind}(list) is allowed")
+    return args[0]
+
+
+def _complex(*args: Any) -> complex:
+    """``complex(real, imag)`` of two floats (or ints), as protocol 2 writes a complex number."""
+    if len(args) > 2 or not all(type(a) in (int, float) for a in args):
+        raise Refused(f"complex{quote(args)}: only complex(real, imag) of numbers is allowed")
+    return complex(*args)
+
+
+def _bytearray(*args: Any) -> bytearray:
+    """``bytearray(bytes)`` as protocol 2 writes one; ``bytearray(n)`` would allocate n bytes, so it is refused."""
+    if len(args) > 1 or (args and type(args[0]) is not bytes):
+        raise Refused(f"bytearray{quote(args)}: only bytearray(bytes) is allowed")
+    return bytearray(*args)
+
+
 def _tensor_rebuild_globals() -> dict[tuple[str, str], Any]:
     allowed: dict[tuple[str, str], Any] = {
         ("torch._utils", "_rebuild_tensor_v2"): _Call(_rebuild_tensor, "torch._utils._rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_tensor_v3"): _Call(_rebuild_tensor_v3, "torch._utils._rebuild_tensor_v3"),
+        ("torch.storage", "UntypedStorage"): _StorageType(torch.uint8, "storage.UntypedStorage"),
+        # builtins protocol 2 writes as globals (REDUCE calls), each through a checked wrapper
+        ("builtins", "set"): _Call(_set, "builtins.set"),
+        ("builtins", "frozenset"): _Call(_frozenset, "builtins.frozenset"),
+        ("builtins", "complex"): _Call(_complex, "builtins.complex"),
+        ("builtins", "bytearray"): _Call(_bytearray, "builtins.bytearray"),
         ("torch", "Size"): torch.Size,
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("torch", "device"): torch.device,
@@ -293,7 +357,7 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {**_tensor_rebuild_globals(), **_numpy_globals()}
+ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {**_tensor_rebuild_globals(), **_numpy_globals(), **upstream_globals()}
 
 
 class _SafeUnpickler(pickle.Unpickler):

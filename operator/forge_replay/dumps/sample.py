@@ -2,8 +2,10 @@
 
 A dump holds ``Sample.to_dict()`` of every sample: the object's ``__dict__`` with ``status`` as
 its string value and ``spec_info`` / ``prefix_cache_info`` as small dicts. Attributes added at
-run time (``trace``) and stray fields of older dumps (``group_id``) are kept as extra attributes,
-so ``Sample.from_dict(d).to_dict() == d`` for every key of ``d``.
+run time (``trace``), stray fields of older dumps (``group_id``) and miles' own fields (``adapter``,
+``reward_spec``, ``rollout_indexer_topk``, ...) are kept as extra attributes, so
+``Sample.from_dict(d).to_dict() == d`` for every key of ``d``. Upstream objects in a dump (miles'
+``AdapterRef``, PIL images) arrive as the inert equivalents of :mod:`forge_replay.dumps.inert`.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class Sample:
     weight_versions: list[str] = field(default_factory=list)
     rollout_log_probs: list[float] | None = None
     rollout_top_p_token_ids: Any = None
-    rollout_top_p_offsets: Any = None
+    rollout_top_p_token_offsets: Any = None
     rollout_routed_experts: Any = None  # int32 CPU tensor or nested list
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None

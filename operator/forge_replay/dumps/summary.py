@@ -19,7 +19,7 @@ OPTIONAL_FIELDS = (
     "teacher_log_probs",
     "rollout_routed_experts",
     "rollout_top_p_token_ids",
-    "rollout_top_p_offsets",
+    "rollout_top_p_token_offsets",
     "multimodal_inputs",
     "multimodal_train_inputs",
     "label",
