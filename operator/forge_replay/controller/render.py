@@ -15,6 +15,7 @@ from typing import Any
 from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ObjectMeta
 from forge_replay.api import paths
 from forge_replay.api.runtime_config import RuntimeConfig
+from forge_replay.backends import launch, worker_nodes
 from forge_replay.controller import naming
 from forge_replay.controller.settings import OperatorSettings
 
@@ -208,7 +209,8 @@ def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
         "kind": naming.RAY_KIND,
         "metadata": metadata,
         "spec": {
-            "entrypoint": ENTRYPOINT,
+            "entrypoint": _entrypoint(job),
+            **_byo_runtime_env(job),
             "submissionMode": "K8sJobMode",
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
@@ -354,7 +356,7 @@ def _pod_template(
     limit = container["resources"]["limits"]["memory"]
     volumes, mounts = _volumes(job, settings, min_quantity(settings.shm_size, limit))
     container = {
-        "image": settings.image_for(job.spec.image),
+        "image": _ray_image(job, settings),
         "imagePullPolicy": "IfNotPresent",
         **container,
         "env": _env(job),
@@ -365,6 +367,7 @@ def _pod_template(
     spec: dict[str, Any] = {"securityContext": _pod_security(settings), **_pod_identity(job, token=role == "head")}
     spec["containers"] = [container]
     spec["volumes"] = volumes
+    _add_forge_lib(job, settings, spec)
     scheduling = job.spec.scheduling
     if gpu_group:
         if scheduling.node_selector:
@@ -428,13 +431,15 @@ def _worker_group(
 
 def _trainer_group(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
     trainer = job.spec.trainer
-    return _worker_group(job, settings, group=TRAINER_GROUP, replicas=trainer.nodes, gpus=trainer.gpus_per_node)
+    # slime / miles place engines and actors themselves in one placement group: one homogeneous group for both.
+    replicas = worker_nodes(job.spec) if _byo(job) else trainer.nodes
+    return _worker_group(job, settings, group=TRAINER_GROUP, replicas=replicas, gpus=trainer.gpus_per_node)
 
 
 def _rollout_group(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any] | None:
     """One pod per sglang engine (numGpusPerEngine GPUs each); None in debug mode or when colocated."""
     rollout = job.spec.rollout
-    if job.spec.replay.mode != "forge" or rollout is None or rollout.colocate:
+    if job.spec.replay.mode != "forge" or rollout is None or rollout.colocate or _byo(job):
         return None
     return _worker_group(
         job, settings, group=ROLLOUT_GROUP, replicas=rollout.num_engines, gpus=rollout.num_gpus_per_engine
@@ -452,7 +457,7 @@ def _submitter_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict
             "containers": [
                 {
                     "name": SUBMITTER_CONTAINER,
-                    "image": settings.image_for(job.spec.image),
+                    "image": _ray_image(job, settings),
                     "imagePullPolicy": "IfNotPresent",
                     "resources": {
                         "requests": {"cpu": "500m", "memory": "256Mi"},
@@ -464,6 +469,41 @@ def _submitter_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict
             ],
         },
     }
+
+
+# ------------------------------------------------------------ bring your own trainer (slime, miles)
+
+
+def _byo(job: ForgeReplayJob) -> bool:
+    return job.spec.trainer.backend != "builtin"
+
+
+def _entrypoint(job: ForgeReplayJob) -> str:
+    """Our runtime for the builtin trainer; ``cd <workingDir> && python3 <script> <args + injected>`` else."""
+    return launch.entrypoint(job.spec, paths.DUMPS_MOUNT) if _byo(job) else ENTRYPOINT
+
+
+def _byo_runtime_env(job: ForgeReplayJob) -> dict[str, Any]:
+    """slime's / miles' runtime env (PYTHONPATH, CUDA_DEVICE_MAX_CONNECTIONS, spec.trainer.env) as runtimeEnvYAML."""
+    if not _byo(job):
+        return {}
+    return {"runtimeEnvYAML": json.dumps(launch.runtime_env(job.spec), sort_keys=True)}  # JSON is YAML
+
+
+def _ray_image(job: ForgeReplayJob, settings: OperatorSettings) -> str:
+    """Every Ray pod (submitter included) runs the team's image with slime / miles: Ray versions must match."""
+    return job.spec.trainer.image if _byo(job) else settings.image_for(job.spec.image)
+
+
+def _add_forge_lib(job: ForgeReplayJob, settings: OperatorSettings, pod_spec: dict[str, Any]) -> None:
+    """slime / miles: an init container copies forge_replay from our runtime image into a shared emptyDir,
+    mounted read-only in the Ray container and put on PYTHONPATH by the runtime env."""
+    if not _byo(job):
+        return
+    image = settings.image_for(job.spec.image)
+    pod_spec["initContainers"] = [launch.forge_lib_init_container(image, _container_security())]
+    pod_spec["volumes"].append(launch.forge_lib_volume())
+    pod_spec["containers"][0]["volumeMounts"].append(launch.forge_lib_mount())
 
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}

@@ -1,0 +1,79 @@
+"""How a slime / miles job is started: the entrypoint, its Ray runtime env, and forge_replay made importable.
+
+Pure functions of a validated spec; controller/render.py puts them into the RayJob, and ``forge-replay run
+--trainer-root`` uses the same entrypoint on one machine.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from forge_replay.backends import injected_argv
+
+FORGE_LIB_MOUNT = "/opt/forge-replay/lib"
+"""Shared emptyDir in every Ray pod of a slime / miles job: forge_replay copied there from our runtime image."""
+FORGE_LIB_VOLUME = "forge-replay-lib"
+FORGE_LIB_CONTAINER = "forge-replay-lib"
+
+MEGATRON_PATH = "/root/Megatron-LM/"
+"""Where slime's and miles' images keep Megatron-LM (their launch scripts put it on PYTHONPATH)."""
+
+DEFAULT_ENV = {"PYTHONPATH": MEGATRON_PATH, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+"""slime's and miles' usual runtime env (scripts/run-*.sh: ray job submit --runtime-env-json)."""
+
+
+def command(spec: Any, dumps_root: str) -> list[str]:
+    """``python3 <script> <args> <injected>``: the team's argv first, forge-replay's flags after it."""
+    return ["python3", spec.trainer.script, *spec.trainer.args, *injected_argv(spec, dumps_root)]
+
+
+def entrypoint(spec: Any, dumps_root: str, working_dir: str | None = None) -> str:
+    """The shell line a RayJob runs: ``cd <workingDir> && python3 <script> ...``, every word quoted."""
+    folder = working_dir if working_dir is not None else spec.trainer.working_dir
+    return f"cd {shlex.quote(folder)} && {shlex.join(command(spec, dumps_root))}"
+
+
+def env_vars(spec: Any, forge_lib: str = FORGE_LIB_MOUNT) -> dict[str, str]:
+    """The Ray job's runtime env ``env_vars``: DEFAULT_ENV, then spec.trainer.env over it; ``forge_lib`` is
+    always appended to PYTHONPATH (the loader must import whatever the team sets)."""
+    merged = {**DEFAULT_ENV, **spec.trainer.env}
+    paths = [p for p in merged["PYTHONPATH"].split(":") if p] if merged.get("PYTHONPATH") else []
+    merged["PYTHONPATH"] = ":".join([*paths, forge_lib] if forge_lib not in paths else paths)
+    return merged
+
+
+def runtime_env(spec: Any) -> dict[str, Any]:
+    """The RayJob's runtime env (KubeRay's runtimeEnvYAML, as a dict)."""
+    return {"env_vars": env_vars(spec)}
+
+
+COPY_PACKAGE = (
+    "import os, shutil, forge_replay; "
+    f"shutil.copytree(os.path.dirname(forge_replay.__file__), {FORGE_LIB_MOUNT + '/forge_replay'!r}, "
+    "dirs_exist_ok=True, ignore=shutil.ignore_patterns('__pycache__'))"
+)
+"""Copies the pure-Python forge_replay package from our runtime image into the shared volume."""
+
+
+def forge_lib_init_container(image: str, security_context: dict[str, Any]) -> dict[str, Any]:
+    """Init container (our runtime ``image``) that makes forge_replay importable in the team's image."""
+    return {
+        "name": FORGE_LIB_CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-c", COPY_PACKAGE],
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": security_context,
+        "volumeMounts": [{"name": FORGE_LIB_VOLUME, "mountPath": FORGE_LIB_MOUNT}],
+    }
+
+
+def forge_lib_volume() -> dict[str, Any]:
+    """The emptyDir the init container fills."""
+    return {"name": FORGE_LIB_VOLUME, "emptyDir": {}}
+
+
+def forge_lib_mount() -> dict[str, Any]:
+    """The Ray container's read-only view of it."""
+    return {"name": FORGE_LIB_VOLUME, "mountPath": FORGE_LIB_MOUNT, "readOnly": True}

@@ -1,0 +1,121 @@
+"""render(job) for backend slime / miles (issue 15): golden files plus the rules the RayJob must keep.
+
+Regenerate goldens after an intended change: FORGE_REPLAY_UPDATE_GOLDEN=1 pytest tests/unit/test_byo_render.py
+and review the diff like any other change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from forge_replay.api import parse_job
+from forge_replay.api.paths import DUMPS_MOUNT
+from forge_replay.backends import injected_argv, worker_nodes
+from forge_replay.backends.launch import FORGE_LIB_MOUNT
+from forge_replay.controller.cli import objects_yaml, render as render_command
+from forge_replay.controller.render import render
+from forge_replay.controller.settings import OperatorSettings
+
+GOLDEN = Path(__file__).parent / "golden" / "byo"
+CASES = sorted(p.name.removesuffix(".in.yaml") for p in GOLDEN.glob("*.in.yaml"))
+SETTINGS = OperatorSettings(runtime_image="registry.example.com/forge-replay/runtime:golden")
+
+
+def _job(case: str):
+    return parse_job(yaml.safe_load((GOLDEN / f"{case}.in.yaml").read_text()))
+
+
+def _ray_job(case: str) -> dict:
+    [ray_job] = [o for o in render(_job(case), SETTINGS) if o["kind"] == "RayJob"]
+    return ray_job
+
+
+def _pods(ray_job: dict) -> list[dict]:
+    cluster = ray_job["spec"]["rayClusterSpec"]
+    return [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_render_matches_golden(case: str) -> None:
+    text = objects_yaml(render(_job(case), SETTINGS))
+    golden = GOLDEN / f"{case}.out.yaml"
+    if os.environ.get("FORGE_REPLAY_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert golden.exists(), f"{golden} missing: run with FORGE_REPLAY_UPDATE_GOLDEN=1 and review it"
+    assert text == golden.read_text(), f"render output differs from {golden}; review, then regenerate"
+
+
+def test_golden_cases_cover_both_backends_and_modes() -> None:
+    assert {"slime-forge", "slime-debug-upstream", "miles-forge-colocated", "miles-debug"} <= set(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_entrypoint_runs_the_team_script_with_the_injected_flags(case: str) -> None:
+    job = _job(case)
+    trainer = job.spec.trainer
+    words = shlex.split(_ray_job(case)["spec"]["entrypoint"])
+    assert words[:4] == ["cd", trainer.working_dir, "&&", "python3"]
+    assert words[4] == trainer.script
+    assert words[5:] == [*trainer.args, *injected_argv(job.spec, DUMPS_MOUNT)]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_ray_pod_runs_the_team_image_with_forge_replay_importable(case: str) -> None:
+    job = _job(case)
+    ray_job = _ray_job(case)
+    assert ray_job["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["image"] == job.spec.trainer.image
+    for pod in _pods(ray_job):
+        [container] = pod["spec"]["containers"]
+        assert container["image"] == job.spec.trainer.image
+        [init] = pod["spec"]["initContainers"]
+        assert init["image"] == SETTINGS.image_for(job.spec.image)  # our runtime image holds forge_replay
+        shared = {m["name"] for m in init["volumeMounts"]} & {m["name"] for m in container["volumeMounts"]}
+        assert [v for v in pod["spec"]["volumes"] if v["name"] in shared] == [{"name": shared.pop(), "emptyDir": {}}]
+    env = json.loads(ray_job["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env["PYTHONPATH"].split(":")[-1] == FORGE_LIB_MOUNT
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_one_homogeneous_gpu_group(case: str) -> None:
+    job = _job(case)
+    [group] = _ray_job(case)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == worker_nodes(job.spec)
+    gpus = group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == job.spec.trainer.gpus_per_node
+
+
+def test_separate_engines_add_whole_nodes() -> None:
+    [group] = _ray_job("slime-forge")["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["replicas"] == 3  # 2 trainer nodes + 8 engine GPUs on nodes of 8
+
+
+def test_team_env_overrides_the_defaults_but_keeps_forge_replay_importable() -> None:
+    env = json.loads(_ray_job("slime-debug-upstream")["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert env["PYTHONPATH"] == f"/opt/team/Megatron-LM:{FORGE_LIB_MOUNT}"
+    slime = json.loads(_ray_job("slime-forge")["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert slime == {"PYTHONPATH": f"/root/Megatron-LM/:{FORGE_LIB_MOUNT}", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+                     "NCCL_NVLS_ENABLE": "1"}
+
+
+def test_builtin_jobs_keep_our_runtime() -> None:
+    doc = yaml.safe_load((GOLDEN / "slime-forge.in.yaml").read_text())
+    for key in ("backend", "image", "workingDir", "args", "env"):
+        del doc["spec"]["trainer"][key]
+    [ray_job] = [o for o in render(parse_job(doc), SETTINGS) if o["kind"] == "RayJob"]
+    assert ray_job["spec"]["entrypoint"].startswith("python -m forge_replay.runtime")
+    assert "runtimeEnvYAML" not in ray_job["spec"]
+    assert all("initContainers" not in pod["spec"] for pod in _pods(ray_job))
+
+
+def test_forge_replay_render_shows_the_entrypoint() -> None:
+    result = CliRunner().invoke(render_command, [str(GOLDEN / "miles-debug.in.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "entrypoint: cd /root/miles && python3 train.py --actor-num-nodes 2" in result.output
