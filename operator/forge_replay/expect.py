@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+BASELINE_KEY = "report.json"
+"""The data key of a baseline ConfigMap (spec.expect.baseline.configMapName)."""
+
 ENVIRONMENT_KEYS = ("seed", "torch", "transformers", "forge_replay", "device", "world_size", "deterministic")
 """What report.json's ``environment`` records for a baseline comparison to be meaningful."""
 
