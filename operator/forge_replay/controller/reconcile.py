@@ -37,6 +37,7 @@ from forge_replay.controller.status import (
     rfc3339,
     same_status,
     status_for_api_error,
+    status_for_baseline,
     status_for_invalid_spec,
     status_from,
     verify_pod_note,
@@ -207,6 +208,9 @@ class Reconciler:
         verify_message = None
         if rayjob is None and not launched_before:
             # Before launch: make sure every prerequisite exists, then verify, then the RayJob.
+            missing = self._baseline_problem(job) if previous.get("phase") not in ("Verifying", "Launching") else None
+            if missing:  # spec.expect.baseline's ConfigMap: found missing before any GPU is requested
+                return self._write_status(body, previous, status_for_baseline(job, missing, previous))
             objects = render(job, self.settings)
             wanted_rayjob = objects[-1]
             verify_obj = next((o for o in objects if o["kind"] == "Job"), None)
@@ -289,6 +293,29 @@ class Reconciler:
             return None
         pods = self.kube.list("v1", "Pod", namespace, f"job-name={job_name}")
         return verify_pod_note(pods, failed=state == "failed")
+
+    def _baseline_problem(self, job: ForgeReplayJob) -> str | None:
+        """Why the ConfigMap of spec.expect.baseline cannot give the runtime its baseline (missing, no report.json
+        key, not a report), or None (also without one; a baseline on a PVC is read by the runtime)."""
+        from forge_replay.expect import BASELINE_KEY, BaselineUnreadable, parse_report
+
+        baseline = job.spec.expect.baseline if job.spec.expect is not None else None
+        if baseline is None or baseline.config_map_name is None:
+            return None
+        namespace, name = job.metadata.namespace, baseline.config_map_name
+        where = f"ConfigMap {namespace}/{name} (spec.expect.baseline.configMapName)"
+        config = self.kube.get("v1", "ConfigMap", namespace, name)
+        if config is None:
+            return (f"{where} does not exist; create it (forge-replay report baseline REPORT.json --name {name}) "
+                    "or fix the name")
+        text = (config.get("data") or {}).get(BASELINE_KEY)
+        if not text:
+            return f"{where} has no data key {BASELINE_KEY}"
+        try:
+            parse_report(text, f"{where} key {BASELINE_KEY}")
+        except BaselineUnreadable as exc:
+            return str(exc)
+        return None
 
     def _launch_note(self, namespace: str, rayjob: dict[str, Any] | None) -> str | None:
         """Why the Ray pods of a launching RayJob do not start, in their own words (None when nothing is stuck)."""

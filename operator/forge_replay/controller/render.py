@@ -75,7 +75,24 @@ def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeCo
         model_root=paths.MODEL_MOUNT if job.spec.model.path else None,
         engine_command=settings.engine_command,
         progress_configmap=naming.progress_map_name(_name(job)),
+        baseline_path=_baseline_file(job),
     )
+
+
+def _baseline_file(job: ForgeReplayJob) -> str | None:
+    """Where the runtime reads spec.expect.baseline: its ConfigMap's report.json, or its path on the PVC."""
+    baseline = job.spec.expect.baseline if job.spec.expect is not None else None
+    if baseline is None:
+        return None
+    return f"{paths.BASELINE_MOUNT}/{baseline.path if baseline.path else 'report.json'}"
+
+
+def _baseline_volume(job: ForgeReplayJob) -> dict[str, Any]:
+    """spec.expect.baseline as a read-only volume (``_baseline_file`` is the file on it)."""
+    baseline = job.spec.expect.baseline
+    if baseline.config_map_name:
+        return {"name": "baseline", "configMap": {"name": baseline.config_map_name}}
+    return {"name": "baseline", "persistentVolumeClaim": {"claimName": baseline.claim_name, "readOnly": True}}
 
 
 def config_map(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
@@ -321,6 +338,9 @@ def _volumes(job: ForgeReplayJob, settings: OperatorSettings, shm_size: str) -> 
         {"name": "config", "mountPath": paths.CONFIG_DIR, "readOnly": True},
         {"name": "shm", "mountPath": "/dev/shm"},
     ]
+    if _baseline_file(job):  # the runtime compares with spec.expect.baseline when the run ends
+        volumes.append(_baseline_volume(job))
+        mounts.append({"name": "baseline", "mountPath": paths.BASELINE_MOUNT, "readOnly": True})
     model = job.spec.model
     if model.path:
         volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model.claim_name, "readOnly": True}})

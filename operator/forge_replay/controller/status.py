@@ -184,6 +184,11 @@ def status_from(
         phase, reason, message = "Launching", "CreatingRayJob", f"creating RayJob {name}"
         cluster = _Cond("False", "NotCreated", f"RayJob {name} is being created")
 
+    expectations = _expectations(progress, previous)
+    unmet = _unmet(spec, expectations, phase)
+    if unmet is not None:  # the run ended, but spec.expect is not met (or was never checked): the job fails
+        phase, reason, message = "Failed", EXPECTATIONS_NOT_MET, f"expectation not met: {unmet}"
+
     if phase in TERMINAL_PHASES:
         completion = previous.get("completionTime") or completion or now_text
 
@@ -210,6 +215,8 @@ def status_from(
         "DumpsVerified": dumps,
         "ClusterReady": cluster,
     }
+    if spec.expect is not None:
+        conditions[EXPECTATIONS_MET] = _expectations_met(expectations, unmet, phase)
     rj_status = (rayjob or {}).get("status") or {}
     start = previous.get("startTime") or rj_status.get("startTime")
     if start is None and rayjob is not None:
@@ -233,6 +240,7 @@ def status_from(
         "rollouts": rollouts,
         "memory": memory,
         "fallbacks": fallbacks,
+        "expectations": expectations,
         "startTime": start,
         "completionTime": completion if phase in TERMINAL_PHASES else None,
         "message": _tail(message),
@@ -455,7 +463,7 @@ def _conditions(
     """metav1.Conditions, keeping lastTransitionTime when a condition's status did not change."""
     before = {c.get("type"): c for c in previous.get("conditions") or []}
     out = []
-    for kind in CONDITION_TYPES:
+    for kind in (*CONDITION_TYPES, *(k for k in wanted if k not in CONDITION_TYPES)):  # then ExpectationsMet
         cond = wanted[kind]
         old = before.get(kind) or {}
         since = old.get("lastTransitionTime") if old.get("status") == cond.status else None
@@ -470,6 +478,68 @@ def _conditions(
             }
         )
     return out
+
+
+# ----------------------------------------------------------------------------- spec.expect (issue 17)
+
+EXPECTATIONS_MET = "ExpectationsMet"
+EXPECTATIONS_NOT_MET = "ExpectationsNotMet"
+
+
+def _expectations(progress: ProgressReport | None, previous: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """status.expectations: the verdict the runtime recorded with its result, else the one already in the status."""
+    result = progress.result if progress is not None else None
+    if result is not None and result.expectations is not None:
+        return [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in result.expectations]
+    return previous.get("expectations")
+
+
+def _unmet(spec: Any, expectations: list[dict[str, Any]] | None, phase: str) -> str | None:
+    """The first failed expectation (``name: message``) of a run that ended; a run that succeeded without
+    recording a verdict on spec.expect is not met either (never a silent pass). None otherwise."""
+    if spec.expect is None or phase not in ("Running", *TERMINAL_PHASES):
+        return None
+    failed = next((e for e in expectations or [] if not e.get("passed")), None)
+    if failed is not None:
+        return f"{failed['name']}: {failed.get('message', '')}"
+    if expectations is None and phase == "Succeeded":
+        return "the run recorded no verdict on spec.expect (its progress ConfigMap holds no result)"
+    return None
+
+
+def _expectations_met(expectations: list[dict[str, Any]] | None, unmet: str | None, phase: str) -> _Cond:
+    if unmet is not None:
+        return _Cond("False", EXPECTATIONS_NOT_MET, unmet)
+    if expectations is not None:
+        return _Cond("True", EXPECTATIONS_MET, f"all {len(expectations)} checks of spec.expect passed")
+    if phase == "Failed":
+        return _Cond("Unknown", "NotChecked", "the run did not finish: spec.expect was not checked")
+    return _Cond("Unknown", "Pending", "spec.expect is checked when the run ends")
+
+
+def status_for_baseline(job: ForgeReplayJob, problem: str, previous: dict[str, Any] | None = None,
+                        now: datetime | None = None) -> dict[str, Any]:
+    """Status of a job whose spec.expect.baseline cannot be read before launch (a missing ConfigMap): Pending,
+    Stalled=True (a Warning event), ExpectationsMet=False; nothing is created, no GPU requested, until it can."""
+    now_text = rfc3339(now or datetime.now(timezone.utc))
+    previous = previous or {}
+    waiting = "nothing is created until the baseline of spec.expect can be read"
+    conditions = {
+        "Ready": _Cond("False", "BaselineNotFound", problem),
+        "Reconciling": _Cond("False", "BaselineNotFound", waiting),
+        "Stalled": _Cond("True", "BaselineNotFound", problem),
+        "SpecValid": _Cond("True", "Valid", "the spec passed validation"),
+        "DumpsVerified": _Cond("Unknown", "BaselineNotFound", waiting),
+        "ClusterReady": _Cond("False", "BaselineNotFound", waiting),
+        EXPECTATIONS_MET: _Cond("False", "BaselineNotFound", problem),
+    }
+    generation = job.metadata.generation
+    return {
+        "phase": "Pending",
+        "observedGeneration": generation,
+        "conditions": _conditions(conditions, previous, generation, now_text),
+        "message": _tail(problem),
+    }
 
 
 def _tail(text: str) -> str:
