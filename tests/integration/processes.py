@@ -28,3 +28,36 @@ def stop_and_wait(run: subprocess.Popen, signame: str, timeout_s: float, *, grou
     finally:
         if run.poll() is None:
             run.kill()
+
+
+def family(pid: int) -> tuple[list, set[int]]:
+    """``pid``'s descendants now, and the sessions among them lead (the local Ray helper, the engines: each starts
+    a session of its own, where processes started later land too)."""
+    import psutil
+
+    procs = psutil.Process(pid).children(recursive=True)
+    return procs, {p.pid for p in procs if _sid(p.pid) == p.pid}
+
+
+def left_behind(procs: list, sessions: set[int], wait_s: float = 10.0) -> list[str]:
+    """The command lines of processes of a :func:`family` still alive after ``wait_s``: one of ``procs``, or any
+    process in one of ``sessions``."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=wait_s)
+    alive += [p for p in psutil.process_iter() if p not in alive and _sid(p.pid) in sessions]
+    return [" ".join(_cmdline(p)[:3]) for p in alive]
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _cmdline(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 - gone or a zombie: its pid says enough
+        return [str(process.pid)]

@@ -255,9 +255,8 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
         sys.exit(EXIT_FAILED)
 
     from forge_replay.api.runtime_config import RuntimeConfig
-    from forge_replay.runtime.driver import (
-        ALREADY_CONNECTED, ReplayRunError, connect_ray, local_cpus_needed, preflight, run_job,
-    )
+    from forge_replay.runtime.driver import ReplayRunError, local_cpus_needed, preflight, run_job
+    from forge_replay.runtime.local_ray import LocalRay, LocalRayError
     from forge_replay.runtime.trainer.rank import trainer_settings
 
     config = RuntimeConfig(job=job, dumps_root=os.path.abspath(dumps_root), results_dir=os.path.abspath(results_dir),
@@ -269,38 +268,47 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
     except ReplayRunError as exc:
         err(f"forge-replay run {file}: {exc}")
         sys.exit(EXIT_FAILED)
-    import ray
-
     cpus = local_cpus_needed(trainer_settings(spec.trainer).world_size)
     then = ", then the trainer and the sglang engines" if spec.replay.mode == "forge" else ", then the trainer"
     err(f"starting a local Ray ({cpus} CPUs){then}")
     import signal
 
-    how = None
+    # Ray runs in a session of its own (local_ray): a signal to this process group reaches only this driver.
+    # A Ray this process is connected to already (tests) is not ours to start or stop.
+    ray_connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    local = None if ray_connected else LocalRay(cpus)
+    connected = False
     try:
-        try:  # interrupted half-way, the finally below stops what it started
-            how = connect_ray(local=True, num_cpus=cpus)
-        except SystemExit as exc:  # ray.init's own SIGTERM handler: sys.exit(15)
-            if exc.code != signal.SIGTERM:
-                raise
-            _STOPPED_BY.append(signal.SIGTERM)
-            raise KeyboardInterrupt from None
-        for signum in (signal.SIGINT, signal.SIGTERM):  # ray.init replaced the SIGTERM handler with its own
-            signal.signal(signum, _stop_run)
+        if local is not None:  # interrupted half-way, the finally below stops what it started
+            try:
+                local.start()
+                local.connect()
+            except SystemExit as exc:  # ray.init's own SIGTERM handler: sys.exit(15)
+                if exc.code != signal.SIGTERM:
+                    raise
+                _STOPPED_BY.append(signal.SIGTERM)
+                raise KeyboardInterrupt from None
+            for signum in (signal.SIGINT, signal.SIGTERM):  # ray.init may replace the SIGTERM handler with its own
+                signal.signal(signum, _stop_run)
+        connected = True
         return run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared,
                 stopped_by=lambda: signal.Signals(_STOPPED_BY[0]).name if _STOPPED_BY else None)
     except BaseException as exc:
         if _STOPPED_BY:
             how_stopped, code = (("interrupted (Ctrl-C)", 130) if _STOPPED_BY[0] == signal.SIGINT
                                  else ("terminated (SIGTERM)", 143))
-            err(f"forge-replay run {file}: {how_stopped} while starting Ray; nothing was trained" if how is None else
+            err(f"forge-replay run {file}: {how_stopped} while starting Ray; nothing was trained" if not connected else
                 f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in "
                 f"{results_dir} holds the steps finished so far")
             sys.exit(code)
-        if isinstance(exc, ReplayRunError):
+        if isinstance(exc, (ReplayRunError, LocalRayError)):
             err(f"forge-replay run {file}: {exc}")
             sys.exit(EXIT_FAILED)
         raise
     finally:
-        if how != ALREADY_CONNECTED:
-            ray.shutdown()
+        if local is not None:
+            try:
+                if "ray" in sys.modules:  # connected, or half-way
+                    sys.modules["ray"].shutdown()
+            finally:
+                local.stop()
