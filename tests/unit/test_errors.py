@@ -8,12 +8,24 @@ import pytest
 
 from forge_replay.api.models import Problem, SpecInvalid
 from forge_replay.api.parse import DocumentInvalid
+from forge_replay.dumps.bounds import BoundsError
+from forge_replay.dumps.safe_pickle import DumpError, RefusedGlobal
+from forge_replay.dumps.sample import SampleError
+from forge_replay.errors import Portable
 from forge_replay.replay import ReplayError
+from forge_replay.runtime.engines.http import EngineHTTPError
+from forge_replay.runtime.weights.sync import PushFailed
 
 ERRORS = [
     ReplayError(4, "/d/rollout_4.pt", "rollout 4: dump /d/rollout_4.pt does not exist"),
     SpecInvalid([Problem("spec.replay.numRollouts", "must be >= 1"), Problem("spec.model", "required")]),
     DocumentInvalid([Problem("spec", "duplicate key 'spec' at line 9 (first at line 3)")]),
+    DumpError("/d/rollout_4.pt", "not a torch.save file (truncated zip)", "written while the run was killed?"),
+    RefusedGlobal("os", "system"),
+    SampleError(7, "loss_mask", "has 3 entries for a 5-token response", where="/d/rollout_4.pt"),
+    BoundsError("values nested 300 deep, more than max_depth 100", "max_depth"),
+    EngineHTTPError("engine 1 (http://127.0.0.1:30001): POST /update_weights_from_disk answered 400: bad", 400),
+    PushFailed("weight push after step 3: engine 1 refused it", stuck=[]),
 ]
 
 
@@ -24,6 +36,43 @@ def test_pickle_keeps_type_message_and_attributes(error):
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error) and str(copy) == str(error) and copy.args == error.args
     assert vars(copy) == vars(error)
+
+
+@pytest.mark.parametrize("error", ERRORS, ids=lambda e: type(e).__name__)
+def test_ray_ships_each_error_to_the_driver_as_its_one_line(error):
+    # What Ray does with an error raised in an actor: wrap it in a RayTaskError (a subclass of the error's own type),
+    # serialize that (RayError.to_bytes) and rebuild it in the driver (from_bytes), which answered "Failed to
+    # deserialize exception" with a traceback for DumpError, SampleError, RefusedGlobal and PushFailed.
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+    from forge_replay.runtime.driver import actor_error_line
+
+    wrapped = ray_exceptions.RayTaskError("RolloutManager.get_rollout", "Traceback ...", error, proctitle="ray::x",
+                                          pid=1, ip="127.0.0.1").as_instanceof_cause()
+    received = ray_exceptions.RayError.from_bytes(wrapped.to_bytes())
+    assert not isinstance(received, ray_exceptions.UnserializableException), str(received)[:300]
+    assert type(received.cause) is type(error) and vars(received.cause) == vars(error)
+    assert actor_error_line(received) == f"{type(error).__name__}: {error}"
+
+
+def test_every_error_with_its_own_arguments_is_portable():
+    # A new error type whose __init__ takes other arguments than its message would bring Ray's "Failed to
+    # deserialize exception" back; the controller's KubeError and the YAML loader's _Refused never cross Ray.
+    import importlib
+    import pkgutil
+
+    import forge_replay
+
+    for module in pkgutil.walk_packages(forge_replay.__path__, "forge_replay."):
+        if not module.name.startswith("forge_replay.controller"):
+            importlib.import_module(module.name)
+    found, pending = [], [BaseException]
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        if cls.__module__.startswith("forge_replay.") and "__init__" in vars(cls) and cls.__name__ != "_Refused":
+            found.append(cls)
+    assert {ReplayError, DumpError, SampleError, PushFailed} <= set(found)
+    assert [cls.__qualname__ for cls in found if not issubclass(cls, Portable)] == []
 
 
 def test_an_actor_error_is_its_one_line():

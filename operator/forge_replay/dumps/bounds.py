@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from forge_replay.errors import Portable
+
 ENV_VAR = "FORGE_REPLAY_DUMP_LIMITS"
 
 
@@ -132,7 +134,7 @@ def _kind(mode: int) -> str:
 # --- the pickle pre-scan -----------------------------------------------------------------------------
 
 
-class BoundsError(Exception):
+class BoundsError(Portable, Exception):
     """The pickle would cost more than the limits allow; ``limit`` names the setting to raise."""
 
     def __init__(self, problem: str, limit: str | None = None):

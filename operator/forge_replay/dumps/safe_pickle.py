@@ -33,13 +33,14 @@ import torch
 
 from forge_replay.dumps.bounds import BoundsError, Limits, check_pickle, default_limits, open_regular, quote, raise_hint
 from forge_replay.dumps.inert import upstream_globals
+from forge_replay.errors import Portable
 
 ZIP_MAGIC = b"PK\x03\x04"
 # torch's legacy (pre-1.6) serialization starts with this pickled magic number.
 _LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
 
 
-class DumpError(Exception):
+class DumpError(Portable, Exception):
     """A dump cannot be read safely; the message names the file (and the refused global, if any)."""
 
     def __init__(self, path: str, problem: str, hint: str | None = None):
@@ -56,7 +57,7 @@ class Refused(pickle.UnpicklingError):
     """The pickle asks for something a dump may not do (a global, an attribute write, a foreign dtype)."""
 
 
-class RefusedGlobal(Refused):
+class RefusedGlobal(Portable, Refused):
     """The pickle names a global outside the allowlist."""
 
     def __init__(self, module: str, name: str):

@@ -16,9 +16,10 @@ from enum import Enum
 from typing import Any
 
 from forge_replay.dumps.bounds import quote
+from forge_replay.errors import Portable
 
 
-class SampleError(ValueError):
+class SampleError(Portable, ValueError):
     """A sample is inconsistent; the message names the sample index and the field."""
 
     def __init__(self, index: int | None, field_name: str, problem: str, where: str | None = None):

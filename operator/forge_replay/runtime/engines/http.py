@@ -6,8 +6,10 @@ Its own module so that both the engine processes (:mod:`.process`) and the weigh
 
 from __future__ import annotations
 
+from forge_replay.errors import Portable
 
-class EngineHTTPError(RuntimeError):
+
+class EngineHTTPError(Portable, RuntimeError):
     """An engine answered an HTTP call with an error (``status``), or did not answer (``status`` None)."""
 
     def __init__(self, message: str, status: int | None = None):

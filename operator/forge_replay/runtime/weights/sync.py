@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from forge_replay.errors import Portable
 from forge_replay.runtime.weights.calls import WeightSyncError
 from forge_replay.runtime.weights.distributed import ParamMeta, bucket_bytes_from_env, plan_buckets, plan_weight_group
 from forge_replay.runtime.weights.tensor import EngineGPUs, plan_feeds
@@ -171,7 +172,7 @@ class EngineWeightSync:
                  feeding[0]["tensors"] if feeding else 0, len(feeding))
 
 
-class PushFailed(WeightSyncError):
+class PushFailed(Portable, WeightSyncError):
     """One side of a push failed; ``stuck``: the refs of the other side still running :data:`ABORT_GRACE_S` later."""
 
     def __init__(self, message: str, stuck: list):
