@@ -256,3 +256,16 @@ def test_inspect_summarizes_miles_and_vlm_dumps(tmp_path):
     vlm, _ = _vlm(tmp_path)
     summary = summarize(load(vlm))
     assert summary["optional_fields"]["multimodal_inputs"] == 4 and summary["problem"] is None
+
+
+
+def test_a_vlm_sample_says_it_has_multimodal_inputs(tmp_path):
+    path, _ = _vlm(tmp_path)
+    samples = load(path).samples
+    assert all(s.has_multimodal_inputs() for s in samples)
+    samples[0].multimodal_inputs = {"images": None, "videos": None}  # a text-only sample of a VLM run
+    samples[0].multimodal_train_inputs = None
+    samples[1].multimodal_inputs = {"images": [], "videos": None}
+    assert [s.has_multimodal_inputs() for s in samples] == [False, True, True, True]
+    samples[1].multimodal_train_inputs = {"pixel_values": torch.zeros(0, 4)}
+    assert not samples[1].has_multimodal_inputs()

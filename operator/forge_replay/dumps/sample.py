@@ -138,6 +138,17 @@ class Sample:
                 setattr(sample, key, value)
         return sample
 
+    def has_multimodal_inputs(self) -> bool:
+        """True when ``multimodal_inputs`` or ``multimodal_train_inputs`` hold anything (images, videos,
+        pixel_values, ...): data the builtin trainer does not train on (it trains the tokens)."""
+        for value in (self.multimodal_inputs, self.multimodal_train_inputs):
+            if isinstance(value, dict):
+                if any(item is not None and _nonempty(item) for item in value.values()):
+                    return True
+            elif value is not None and _nonempty(value):
+                return True
+        return False
+
     def reward_value(self, reward_key: str | None) -> float | None:
         """The scalar reward: a dict reward is looked up by ``reward_key``; None stays None."""
         if self.reward is None:
@@ -147,6 +158,15 @@ class Sample:
                 raise KeyError(f"reward is a dict (keys {sorted(self.reward)}) and no reward key is set")
             return float(self.reward[reward_key])
         return float(self.reward)
+
+
+def _nonempty(value: Any) -> bool:
+    if hasattr(value, "numel"):
+        return bool(value.numel())
+    try:
+        return len(value) > 0
+    except TypeError:
+        return True
 
 
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Sample))
