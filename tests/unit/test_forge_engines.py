@@ -230,3 +230,26 @@ def test_staged_checkpoints_keep_only_the_newest_version_and_stay_inside_their_r
         stage_checkpoint({"model.safetensors": b"", "../escape": b"x"}, tmp_path / "node", 3)
     with pytest.raises(WeightSyncError, match="no \\*.safetensors"):
         stage_checkpoint({"config.json": b"{}"}, tmp_path / "node", 4)
+
+
+def test_a_runs_engine_logs_are_its_own_and_a_restart_within_it_appends(tmp_path):
+    # The next run of a job reuses its results folder: engine-N.log and router.log were appended to across runs.
+    from forge_replay.api import parse_job
+    from forge_replay.runtime.engines.fleet import EngineFleet
+    from forge_replay.runtime.engines.process import EngineProcess
+    from tests.unit.spec_factory import forge_job
+
+    work_dir = tmp_path / "engines"
+    (work_dir / "engine-logs").mkdir(parents=True)
+    for old in (work_dir / "engine-logs" / "engine-0.log", work_dir / "router.log"):
+        old.write_text("the previous run's server output\n")
+    (work_dir / "engine-logs" / "notes.txt").write_text("not ours\n")
+    fleet = EngineFleet.from_job(parse_job(forge_job()), engine_command="serve", model_root=None, work_dir=work_dir)
+    log = Path(fleet.work_dir) / "engine-logs" / "engine-0.log"
+    assert not log.exists() and not (work_dir / "router.log").exists()
+    assert (work_dir / "engine-logs" / "notes.txt").exists()
+    for said in ("first start", "second start"):  # an engine started again in the run (fault tolerance)
+        engine = EngineProcess([sys.executable, "-c", f"print({said!r})"], "http://127.0.0.1:1", log)
+        engine.start()
+        engine.process.wait(timeout=60)
+    assert log.read_text().splitlines() == ["first start", "second start"]

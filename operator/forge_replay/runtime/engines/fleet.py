@@ -25,12 +25,14 @@ from forge_replay.runtime.engines.faults import FAULTS_ENV, FaultInjector
 from forge_replay.runtime.engines.health import HealthMonitor
 from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
 from forge_replay.runtime.engines.process import (
+    ENGINE_LOGS,
     EngineStartError,
     ModelSource,
     engine_count,
     prepare_model_source,
     probe_health,
     resolve_engine_command,
+    start_run_logs,
 )
 from forge_replay.runtime.engines.router import Router, plan_router, router_installed
 from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_rollout_side, plan_weight_sync
@@ -194,6 +196,7 @@ class EngineFleet:
         command = resolve_engine_command(engine_command)
         rollout = spec.rollout
         work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"forge-replay-{job.metadata.name}-"))
+        start_run_logs(work_dir)
         model = prepare_model_source(spec.model.config, spec.model.path, model_root, work_dir)
         health = ft.health_check
         settings = FleetSettings(
@@ -242,7 +245,7 @@ class EngineFleet:
         options, base_gpu = self._actor_options(index)
         return engine_actor_class().options(**options).remote(
             index, self.command, self.model, self.settings.gpus_per_engine, dict(self.settings.engine_args),
-            str(self.work_dir / "engine-logs"), colocated_base_gpu_id=base_gpu, use_gpus=self.settings.use_gpus,
+            str(self.work_dir / ENGINE_LOGS), colocated_base_gpu_id=base_gpu, use_gpus=self.settings.use_gpus,
             caller_node_ip=self._node_ip, dtype=self.settings.dtype, memory_saver=self.settings.colocate,
         )
 

@@ -29,6 +29,22 @@ log = logging.getLogger(__name__)
 
 SGLANG_LAUNCH_MODULE = "sglang.launch_server"
 
+ENGINE_LOGS = "engine-logs"
+"""The folder of engine-N.log under a fleet's work dir (``<results>/engines``)."""
+ROUTER_LOG = "router.log"
+"""The router's log, in the fleet's work dir."""
+
+
+def start_run_logs(work_dir: Path) -> None:
+    """A run's engine and router logs are its own: those a previous run left in ``work_dir`` (the next run of a job
+    reuses its results folder) are removed before any engine starts. Within a run, an engine started again (fault
+    tolerance) appends to its log, so the log of the process that died is kept."""
+    for path in [*(work_dir / ENGINE_LOGS).glob("engine-*.log"), work_dir / ROUTER_LOG]:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
 
 class EngineUnavailable(RuntimeError):
     """No engine server can be launched (no sglang, no --engine-command)."""

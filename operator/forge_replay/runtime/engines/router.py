@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
-from forge_replay.runtime.engines.process import EngineProcess, free_port
+from forge_replay.runtime.engines.process import ROUTER_LOG, EngineProcess, free_port
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Router:
     def __init__(self, worker_urls: Sequence[str], host: str, log_dir: Path):
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
-        self.process = EngineProcess(build_router_argv(worker_urls, host, self.port), self.url, Path(log_dir) / "router.log")
+        self.process = EngineProcess(build_router_argv(worker_urls, host, self.port), self.url, Path(log_dir) / ROUTER_LOG)
 
     def start(self) -> None:
         self.process.start()
