@@ -44,6 +44,8 @@ __all__ = [
     "RolloutFnEvalOutput",
     "RolloutFnTrainOutput",
     "add_arguments",
+    "eval_before_train_id",
+    "eval_note",
     "eval_rewards",
     "eval_rollout_ids",
     "generate_rollout",
@@ -100,6 +102,29 @@ class EvalResult:
     @property
     def truncated(self) -> list[bool]:
         return [Sample.Status(s.status) is Sample.Status.TRUNCATED for s in self.samples]
+
+
+def eval_before_train_id(start_rollout_id: int, eval_interval: int, eval_before_train: bool) -> int | None:
+    """The eval replayed before the first training step (0: it reads ``eval_0``), or None.
+
+    slime's train.py evaluates before training when eval is on (an eval interval), the run's rollout is 0 and
+    --skip-eval-before-train is not given; a run that starts at a later rollout does not (miles: at
+    ``start_rollout_id``). forge-replay asks for it with ``spec.replay.evalBeforeTrain``."""
+    return 0 if eval_before_train and eval_interval > 0 and start_rollout_id == 0 else None
+
+
+def eval_note(mode: str, eval_interval: int, eval_ids: list[int], before_train: int | None) -> str:
+    """One line saying which evals a run replays; in debug mode also that it evaluates only because asked."""
+    if eval_interval <= 0:
+        return f"{mode} mode: no eval (evalInterval 0)" + (
+            "; slime's debug mode (--debug-train-only) never evaluates either" if mode == "debug" else "")
+    files = ([f"eval_{before_train} before the first step"] if before_train is not None else []) + [
+        f"eval_{n} after rollout {n}" for n in eval_ids]
+    what = ", ".join(files) if files else "none in these rollouts"
+    if mode == "debug":
+        return (f"debug mode evaluates because evalInterval is {eval_interval} (slime's debug mode would not): "
+                f"{what}, rewards read from the eval dumps, no engines")
+    return f"eval every {eval_interval} rollouts: {what}"
 
 
 def eval_rewards(samples: list[Any], reward_key: str | None) -> list[float]:

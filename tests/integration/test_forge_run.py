@@ -215,6 +215,27 @@ def test_forge_run_with_rollout_ft_recovers_an_engine_killed_mid_run(tmp_path, w
         assert len(joined) == 2 and joined[0] != joined[1] and left == joined[:1]
 
 
+def test_an_eval_fleet_that_fails_its_self_probe_skips_the_eval_and_the_run_goes_on(tmp_path):
+    """No FT: the eval fleet probes its engines before each eval. Engines answering /health_generate after the
+    probe's timeout skip that eval (in the report, with the reason), before training (evalBeforeTrain) and
+    after rollout 1, instead of failing the job, as miles skips an eval point."""
+    job = job_file(tmp_path, rollouts=2, eval_interval=2, ft={"enabled": False, "healthCheck": {"timeoutSeconds": 1}})
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["replay"]["evalBeforeTrain"] = True
+    job.write_text(yaml.safe_dump(doc))
+    result = forge_replay_run(tmp_path, job, double_flags="--health-generate-seconds 2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "results" / "report.json").read_text())
+    assert [(e["eval_id"], e["after_rollout_id"]) for e in report["evals"]] == [(0, None), (1, 1)]
+    for evaluated in report["evals"]:
+        why = f"eval {evaluated['eval_id']}: the eval fleet's self-probe found unhealthy engines"
+        assert why in evaluated["skipped"]
+        assert evaluated["num_samples"] == 0 and evaluated["reward_mean"] is None
+    assert report["summary"]["evals_skipped"] == 2 and report["completed"] == 2 and report["error"] is None
+    assert report["engines"]["weight_versions"] == ["1", "2"]  # training and the weight pushes went on
+    assert "eval 0 (before training): SKIPPED" in result.stdout + result.stderr
+
+
 def test_debug_run_with_train_ft_never_starts_an_engine_process(tmp_path):
     ft = {"enabled": True, "components": ["train"]}
     result = forge_replay_run(tmp_path, job_file(tmp_path, mode="debug", ft=ft, rollouts=2))

@@ -95,6 +95,26 @@ def test_fallback_is_counted_and_a_missing_eval_dump_is_reported(tmp_path):
     assert progress["fallbacks"] == 2
 
 
+def test_eval_before_train_replays_eval_0_first_and_debug_mode_says_it_evaluates(tmp_path, caplog):
+    """spec.replay.evalBeforeTrain: eval 0 (the eval_0 dump) before the first step, as slime; debug mode
+    evaluates only because evalInterval asks, and says so."""
+    root = tmp_path / "dumps"
+    write_dump(root / "rollout_0.pt", 0)
+    write_dump(root / "rollout_1.pt", 1)
+    write_dump(root / "rollout_eval_0.pt", 0, prompts=1)
+    write_dump(root / "rollout_eval_1.pt", 1)
+    doc = job_doc("before", "rollout_{rollout_id}.pt", 2, eval_interval=2)
+    doc["spec"]["replay"]["evalBeforeTrain"] = True
+    with caplog.at_level("INFO", logger="forge_replay.runtime.driver"):
+        report = run_job(config_for(doc, root, tmp_path / "out"), show_progress=False)
+    assert [(e.eval_id, e.after_rollout_id, e.num_samples, e.skipped) for e in report.evals] == [
+        (0, None, 4, ""), (1, 1, 8, "")]
+    assert report.evals[0].path == str(root / "rollout_eval_0.pt")
+    assert "debug mode evaluates because evalInterval is 2" in caplog.text
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["evals"][0]["after_rollout_id"] is None and saved["summary"]["evals_skipped"] == 0
+
+
 def test_data_slime_accepts_is_counted_in_the_report_and_progress(tmp_path):
     """An all-zero loss mask and a dump whose rollout_id is not its file's train (slime accepts both) and are
     counted per rollout, in the summary and in progress.json (issue 19)."""

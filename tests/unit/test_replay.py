@@ -189,7 +189,8 @@ def test_add_arguments_adds_every_flag_the_rollout_function_reads():
     assert generate_rollout.add_arguments is replay.add_arguments
     generate_rollout.add_arguments(parser)
     assert vars(parser.parse_args([])) == {"load_forge_rollout_data": None, "forge_replay_fallback_to_first": True}
-    args = parser.parse_args(["--load-forge-rollout-data", "d/r_{rollout_id}.pt", "--no-forge-replay-fallback-to-first"])
+    args = parser.parse_args(["--load-forge-rollout-data", "d/r_{rollout_id}.pt",
+                              "--no-forge-replay-fallback-to-first"])
     assert (args.load_forge_rollout_data, args.forge_replay_fallback_to_first) == ("d/r_{rollout_id}.pt", False)
 
 
@@ -258,3 +259,33 @@ def test_generate_rollout_prefetches_the_next_dump_while_this_one_trains(dumps_d
     assert second.metrics["forge_replay/fallback_used"] == 0
     again = generate_rollout(args, 1, data_source=None)  # out of order: loads afresh (and falls back now)
     assert again.metrics["forge_replay/fallback_used"] == 1
+
+
+# --- eval schedule: before training (slime's train.py) and what a run says about its evals -----------
+
+# start rollout, evalInterval, evalBeforeTrain -> the eval before the first step
+BEFORE_TRAIN = [
+    (0, 2, True, 0),  # eval on, run starts at rollout 0: eval_0 before the first step
+    (0, 2, False, None),  # not asked (slime asks by default; --skip-eval-before-train there)
+    (0, 0, True, None),  # eval off: slime evaluates nothing without an eval interval
+    (3, 2, True, None),  # a run started later: slime's `rollout_id == 0` never holds
+]
+
+
+@pytest.mark.parametrize("start, interval, asked, expected", BEFORE_TRAIN)
+def test_eval_before_train_follows_slime(start, interval, asked, expected):
+    assert replay.eval_before_train_id(start, interval, asked) == expected
+
+
+def test_eval_note_says_what_is_evaluated_and_that_debug_mode_only_does_so_when_asked():
+    ids = replay.eval_rollout_ids(0, 4, 2)
+    assert ids == [1, 3]
+    debug = replay.eval_note("debug", 2, ids, 0)
+    assert debug.startswith("debug mode evaluates because evalInterval is 2")
+    assert "eval_0 before the first step, eval_1 after rollout 1, eval_3 after rollout 3" in debug
+    assert replay.eval_note("debug", 0, [], None) == (
+        "debug mode: no eval (evalInterval 0); slime's debug mode (--debug-train-only) never evaluates either")
+    assert replay.eval_note("forge", 2, ids, None) == (
+        "eval every 2 rollouts: eval_1 after rollout 1, eval_3 after rollout 3")
+    assert replay.eval_note("forge", 0, [], None) == "forge mode: no eval (evalInterval 0)"
+    assert replay.eval_note("forge", 5, [], None) == "eval every 5 rollouts: none in these rollouts"

@@ -122,6 +122,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
 
     from forge_replay.api.progress import ProgressReport
     from forge_replay.dumps.verify import eval_rollout_ids
+    from forge_replay.replay import eval_before_train_id, eval_note
     from forge_replay.runtime.placement import place_trainer
     from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
     from forge_replay.expect import over_memory_budget
@@ -142,6 +143,9 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     budget = spec.expect.max_peak_memory_gib if spec.expect is not None else None
     rollout_ids = list(range(replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts))
     eval_after = set(eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval))
+    eval_first = eval_before_train_id(replay.start_rollout_id, replay.eval_interval, replay.eval_before_train)
+    note = eval_note(replay.mode, replay.eval_interval, sorted(eval_after), eval_first)
+    (log.warning if replay.mode == "debug" and replay.eval_interval else log.info)("%s", note)
     publisher = ProgressPublisher(config.results_dir, config.progress_configmap, job.metadata.namespace)
     report = RunReport(
         job=job.metadata.name or "forge-replay", mode=replay.mode, world_size=settings.world_size,
@@ -202,6 +206,9 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             log.info("weight sync: %s (%s)", sync_plan.path, sync_plan.reason)
             syncer = EngineWeightSync(sync_plan, manager, group, config)
         publish(0)
+        if eval_first is not None:  # slime: eval 0 (eval_0) before training, with the engines up
+            starting(f"eval {eval_first} before the first step")
+            report.evals.append(ray.get(manager.evaluate.remote(eval_first, before_train=True)))
         with progress:
             for step, rollout_id in enumerate(rollout_ids):
                 if step == 0:

@@ -48,13 +48,17 @@ class RolloutRecord:
 class EvalRecord:
     """What one eval reports: a missing eval dump is an empty result, flagged, never a fallback."""
 
-    after_rollout_id: int
+    after_rollout_id: int | None
+    """The training rollout this eval followed; None for the eval before the first step (evalBeforeTrain)."""
     eval_id: int
     path: str | None
     missing: bool
     num_samples: int
     reward_mean: float | None
     truncated: int
+    skipped: str = ""
+    """Why this eval was skipped (its engines failed the eval fleet's self-probe), as miles skips an eval point
+    instead of failing the job; "" when it ran."""
 
 
 @dataclass
@@ -202,6 +206,7 @@ def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_fir
         "memory_peak": memory_peak(records),
         "evals": len(evals),
         "evals_missing": sum(e.missing for e in evals),
+        "evals_skipped": sum(bool(e.skipped) for e in evals),
     }
 
 
@@ -320,9 +325,12 @@ def render_table(report: RunReport):
         lines.append(f"rollout_id mismatches {s['rollout_id_mismatches']} "
                      f"(rollouts {s['rollout_id_mismatch_rollout_ids']}: the dump's rollout_id is not its file's)")
     for e in report.evals:
+        when = " (before training)" if e.after_rollout_id is None else ""
         lines.append(
-            f"eval {e.eval_id}: " + ("MISSING dump (empty result)" if e.missing
-                                      else f"{e.num_samples} samples, reward mean {e.reward_mean}, truncated {e.truncated}")
+            f"eval {e.eval_id}{when}: " + (f"SKIPPED ({e.skipped})" if e.skipped
+                                            else "MISSING dump (empty result)" if e.missing
+                                            else f"{e.num_samples} samples, reward mean {e.reward_mean}, "
+                                                 f"truncated {e.truncated}")
         )
     if report.engines:
         lines.append(engines_line(report.engines))

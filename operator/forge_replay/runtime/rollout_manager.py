@@ -191,14 +191,26 @@ class RolloutManager:
             if replayed.dump_rollout_id is not None else "",
         )
 
-    def evaluate(self, eval_id: int) -> EvalRecord:
-        """Eval ``eval_id`` from its ``eval_N`` dump (no fallback: missing is an empty result)."""
-        self.before_eval(eval_id)
+    def evaluate(self, eval_id: int, before_train: bool = False) -> EvalRecord:
+        """Eval ``eval_id`` from its ``eval_N`` dump (no fallback: missing is an empty result), after training
+        rollout ``eval_id`` or, ``before_train``, before the first step.
+
+        Engines that fail the eval fleet's self-probe skip this eval, recorded with the reason: the job goes on,
+        as miles records a skipped eval point instead of failing the run."""
+        from forge_replay.runtime.engines.eval_fleet import EvalFleetUnhealthy
+
+        after = None if before_train else eval_id  # slime: eval N runs after training rollout N
+        try:
+            self.before_eval(eval_id)
+        except EvalFleetUnhealthy as exc:
+            log.warning("eval %d skipped: %s", eval_id, exc)
+            return EvalRecord(after_rollout_id=after, eval_id=eval_id, path=self.source.eval_file(eval_id),
+                              missing=False, num_samples=0, reward_mean=None, truncated=0, skipped=str(exc))
         result = self.source.load_eval(eval_id)
         replay = self.job.spec.replay
         rewards = result.rewards(replay.eval_reward_key or replay.reward_key)
         return EvalRecord(
-            after_rollout_id=eval_id,  # slime: eval N runs after training rollout N
+            after_rollout_id=after,
             eval_id=eval_id,
             path=None if result.path is None else str(result.path),
             missing=bool(result.missing),
