@@ -118,7 +118,34 @@ class _Call(_Sealed):
 
 def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *rest: Any):
     """``torch._utils._rebuild_tensor_v2`` with its arguments checked first (types, hooks, storage bounds)."""
-    if not isinstance(storage, torch.storage.TypedStorage) or len(rest) > 1:
+    metadata = _checked_tensor_args(storage, storage.size() if _is_storage(storage) else 0, offset, size, stride,
+                                    requires_grad, hooks, rest)
+    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, collections.OrderedDict(), metadata)
+
+
+def _rebuild_tensor_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any,
+                       dtype: Any, *rest: Any):
+    """``torch._utils._rebuild_tensor_v3`` (dtypes without a legacy storage class: uint16/32/64, float8), checked as
+    v2 is; its storage is untyped (bytes), so the geometry is checked in elements of ``dtype``."""
+    if not isinstance(dtype, torch.dtype):
+        raise pickle.UnpicklingError(f"malformed tensor record: dtype {quote(dtype)}")
+    if _is_storage(storage) and storage.dtype != torch.uint8:
+        raise pickle.UnpicklingError(f"a {dtype} tensor over a {storage.dtype} storage: expected an untyped storage")
+    elements = storage.size() // torch._utils._element_size(dtype) if _is_storage(storage) else 0
+    metadata = _checked_tensor_args(storage, elements, offset, size, stride, requires_grad, hooks, rest)
+    return torch._utils._rebuild_tensor_v3(
+        storage, offset, size, stride, requires_grad, collections.OrderedDict(), dtype, metadata
+    )
+
+
+def _is_storage(value: Any) -> bool:
+    return isinstance(value, torch.storage.TypedStorage)
+
+
+def _checked_tensor_args(storage: Any, elements: int, offset: Any, size: Any, stride: Any, requires_grad: Any,
+                         hooks: Any, rest: tuple) -> dict | None:
+    """The checks of a tensor rebuild's arguments (``elements``: the storage's, in the tensor's dtype); its metadata."""
+    if not _is_storage(storage) or len(rest) > 1:
         raise pickle.UnpicklingError("malformed tensor record")
     if not isinstance(offset, int) or not _int_tuple(size) or not _int_tuple(stride) or len(size) != len(stride):
         raise pickle.UnpicklingError(f"malformed tensor geometry: offset {quote(offset)}, size {quote(size)}")
@@ -127,29 +154,8 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, requires_
     metadata = rest[0] if rest else None
     if metadata is not None and not isinstance(metadata, dict):
         raise pickle.UnpicklingError(f"malformed tensor metadata {quote(metadata)}")
-    _check_geometry(storage.size(), offset, size, stride)
-    return torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad, collections.OrderedDict(), metadata)
-
-
-def _rebuild_tensor_v3(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any,
-                       dtype: Any, *rest: Any):
-    """``torch._utils._rebuild_tensor_v3`` (dtypes without a legacy storage class: uint16/32/64, float8) with its
-    arguments checked as for v2; the storage is untyped (bytes), so the geometry is checked in ``dtype`` elements."""
-    if not isinstance(dtype, torch.dtype) or not isinstance(storage, torch.storage.TypedStorage) or len(rest) > 1:
-        raise pickle.UnpicklingError(f"malformed tensor record (dtype {quote(dtype)})")
-    if storage.dtype != torch.uint8:
-        raise pickle.UnpicklingError(f"a {dtype} tensor over a {storage.dtype} storage: expected an untyped storage")
-    if not isinstance(offset, int) or not _int_tuple(size) or not _int_tuple(stride) or len(size) != len(stride):
-        raise pickle.UnpicklingError(f"malformed tensor geometry: offset {quote(offset)}, size {quote(size)}")
-    if type(requires_grad) is not bool or (hooks is not None and (not isinstance(hooks, dict) or hooks)):
-        raise pickle.UnpicklingError("malformed tensor record: requires_grad must be a bool and backward hooks empty")
-    metadata = rest[0] if rest else None
-    if metadata is not None and not isinstance(metadata, dict):
-        raise pickle.UnpicklingError(f"malformed tensor metadata {quote(metadata)}")
-    _check_geometry(storage.size() // torch._utils._element_size(dtype), offset, size, stride)
-    return torch._utils._rebuild_tensor_v3(
-        storage, offset, size, stride, requires_grad, collections.OrderedDict(), dtype, metadata
-    )
+    _check_geometry(elements, offset, size, stride)
+    return metadata
 
 
 def _check_geometry(storage_elements: int, offset: int, size: tuple, stride: tuple) -> None:
