@@ -6,7 +6,10 @@ torch is imported only inside commands, so `forge-replay --help` stays fast.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
+from collections.abc import Iterable
 
 import click
 
@@ -33,6 +36,44 @@ def _limits(settings: tuple[str, ...]):
         return default_limits().with_overrides(settings)
     except LimitError as exc:
         _fail(f"--limit {exc}", code=2)
+
+
+def closed_to_others(paths: Iterable[str], root: str | None) -> str | None:
+    """A note naming the dumps other users cannot read (mode without o+r) and the folders under ``root`` on their
+    way that others cannot enter (without o+x), or None. Runtime pods run as their own uid (the operator's
+    runtimeUid, 10001 by default), so a dump another uid wrote 0600 to a shared claim fails there."""
+    files: dict[str, int] = {}
+    folders: dict[str, int] = {}
+    for path in paths:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            continue
+        if not mode & stat.S_IROTH:
+            files[path] = mode
+        folder = os.path.dirname(os.path.abspath(path))
+        top = os.path.abspath(root) if root else folder
+        while folder == top or folder.startswith(top.rstrip(os.sep) + os.sep):
+            try:
+                mode = os.stat(folder).st_mode
+            except OSError:
+                break
+            if not mode & stat.S_IXOTH:
+                folders[folder] = mode
+            if folder == top:
+                break
+            folder = os.path.dirname(folder)
+    if not files and not folders:
+        return None
+
+    def listed(found: dict[str, int]) -> str:
+        names = [f"{path} ({stat.S_IMODE(mode):04o})" for path, mode in list(found.items())[:3]]
+        return ", ".join(names) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+
+    closed = [f"{len(files)} dump(s) not readable by other users: {listed(files)}" if files else "",
+              f"{len(folders)} folder(s) other users cannot enter: {listed(folders)}" if folders else ""]
+    return ("; ".join(filter(None, closed)) + "; runtime pods run as their own uid (10001 by default) and cannot"
+            " read them on a shared claim: chmod o+r the dumps (o+x the folders)")
 
 
 @click.group()
@@ -113,6 +154,9 @@ def verify(
         )
     except ValueError as exc:
         _fail(str(exc), code=2)
+    note = closed_to_others(dict.fromkeys(c.used_path for c in report.checks if c.used_path), root)
+    if note:
+        report.notes.append(note)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     sys.exit(0 if report.ok else 1)
 
