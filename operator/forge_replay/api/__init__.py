@@ -6,8 +6,9 @@ which the replay rollout function needs inside a trainer image) imports without 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from forge_replay.lazy import lazy_exports
 
 _MODELS = (
     "API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "Condition", "DumpsSpec", "FaultToleranceSpec",
@@ -53,11 +54,4 @@ if TYPE_CHECKING:
     )
     from forge_replay.api.parse import DocumentError, NotAForgeReplayJob, check_kind, load_documents, parse_job
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'forge_replay.api' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

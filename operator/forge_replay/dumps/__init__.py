@@ -9,8 +9,9 @@ does not pay for importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from forge_replay.lazy import lazy_exports
 
 _EXPORTS = {
     "Dump": "forge_replay.dumps.files",
@@ -30,11 +31,4 @@ if TYPE_CHECKING:
     from forge_replay.dumps.safe_pickle import DumpError, safe_load
     from forge_replay.dumps.sample import Sample, SampleError
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'forge_replay.dumps' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
