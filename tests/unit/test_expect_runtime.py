@@ -1,0 +1,81 @@
+"""The runtime's side of the verdict (issue 17): deterministic settings, the environment record, the baseline
+refused before Ray, the exit decision and the verdict table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forge_replay.api import parse_job
+from forge_replay.expect import ENVIRONMENT_KEYS
+from forge_replay.runtime.report import RunReport
+from forge_replay.runtime.verdict import baseline_problem, environment, make_deterministic, render_verdict, unmet
+from tests.unit.spec_factory import debug_job
+
+
+@pytest.fixture
+def restore_determinism():
+    import torch
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_debug_mode_turns_torchs_deterministic_settings_on_and_says_so(restore_determinism):
+    import torch
+
+    torch.use_deterministic_algorithms(False)
+    on = make_deterministic(use_gpu=False)
+    assert torch.are_deterministic_algorithms_enabled()
+    assert on == {"use_deterministic_algorithms": True, "warn_only": True}  # no CUDA settings claimed on CPU
+
+
+def test_the_environment_holds_what_compare_checks():
+    env = environment(7, "cpu", 2, {"use_deterministic_algorithms": True})
+    assert tuple(env) == ENVIRONMENT_KEYS
+    assert (env["seed"], env["device"], env["world_size"]) == (7, "cpu", 2) and env["torch"]
+
+
+def spec(expect=None):
+    return parse_job(debug_job(spec__expect=expect) if expect else debug_job()).spec
+
+
+BASELINE = {"baseline": {"configMapName": "release-baseline"}}
+
+
+def test_a_baseline_is_checked_before_ray(tmp_path):
+    good = tmp_path / "report.json"
+    good.write_text(json.dumps({"rollouts": [{"rollout_id": 0, "loss": 0.5}]}))
+    assert baseline_problem(None, spec()) is None
+    assert baseline_problem(str(good), spec(BASELINE)) is None
+    assert "no spec.expect.baseline" in baseline_problem(str(good), spec())
+    assert "ConfigMap release-baseline: pass --baseline FILE" in baseline_problem(None, spec(BASELINE))
+    assert "cannot be read" in baseline_problem(str(tmp_path / "absent.json"), spec(BASELINE))
+
+
+def report_with(*checks):
+    report = RunReport(job="j", mode="debug", world_size=1, device="cpu", num_params=1, started_at="now")
+    report.expectations = list(checks)
+    return report
+
+
+def test_unmet_names_the_first_failure():
+    ok = {"name": "maxFallbacks", "passed": True, "message": "0 <= 0"}
+    miss = {"name": "baseline.loss", "passed": False, "message": "rollout 2: loss 0.51 vs baseline 0.5"}
+    assert unmet(report_with(ok)) is None and unmet(report_with()) is None
+    assert unmet(report_with(ok, miss)) == "1 of 2 expectation(s) not met; first: baseline.loss: rollout 2: loss " \
+                                            "0.51 vs baseline 0.5"
+
+
+def test_the_verdict_table_shows_each_check():
+    from rich.console import Console
+
+    console = Console(width=120, record=True)
+    console.print(render_verdict([
+        {"name": "maxPeakMemoryGiB", "passed": False, "observed": 0.8, "limit": 0.01, "message": "0.8 > 0.01"},
+        {"name": "baseline.loss", "passed": True, "observed": 0.5, "limit": 0.5, "message": "within"},
+    ]))
+    text = console.export_text()
+    assert "1 of 2 NOT met" in text and "FAILED: 0.8 > 0.01" in text and "passed" in text
