@@ -177,6 +177,7 @@ def test_classes_outside_the_allowlist_are_refused_with_their_name(tmp_path):
     [
         ("bytearray-size", "only bytearray(bytes)"),
         ("set-of-string", "only set(list)"),
+        ("complex-huge", "does not fit a float"),
         ("image-short", "pixel bytes"),
         ("record-args", "only the pickled field state"),
         ("record-list-state", "expected a dict of field values"),
@@ -187,6 +188,7 @@ def test_malformed_upstream_records_are_refused(tmp_path, value, problem):
     streams = {
         "bytearray-size": b"c__builtin__\nbytearray\nJ\x00\xca\x9a;\x85R.",
         "set-of-string": b"c__builtin__\nset\nX\x03\x00\x00\x00abc\x85R.",
+        "complex-huge": b"c__builtin__\ncomplex\n\x8a\x82" + b"\xff" * 129 + b"\x7f\x85R.",
         "image-short": b"cPIL.Image\nImage\n)\x81](}X\x03\x00\x00\x00RGBK\x02K\x02\x86NC\x03abceb.",
         "record-args": b"cmiles.utils.types\nAdapterRef\nX\x01\x00\x00\x00a\x85\x81.",
         "record-list-state": b"cmiles.utils.types\nAdapterRef\n)\x81]b.",

@@ -220,7 +220,10 @@ def _complex(*args: Any) -> complex:
     """``complex(real, imag)`` of two floats (or ints), as protocol 2 writes a complex number."""
     if len(args) > 2 or not all(type(a) in (int, float) for a in args):
         raise Refused(f"complex{quote(args)}: only complex(real, imag) of numbers is allowed")
-    return complex(*args)
+    try:
+        return complex(*args)
+    except OverflowError:
+        raise Refused(f"complex{quote(args)}: a part does not fit a float") from None
 
 
 def _bytearray(*args: Any) -> bytearray:
