@@ -16,6 +16,7 @@ from forge_replay import replay
 from forge_replay.dumps import DumpError, Sample
 from forge_replay.replay import ReplayError, ReplaySource, generate_rollout
 from tests.doubles import frameworks
+from tests.doubles import upstream_types as upstream
 from tests.unit.test_dumps_slime_format import SlimeSample, save_debug_rollout_data, slime_samples
 
 
@@ -179,6 +180,45 @@ def test_generate_rollout_returns_the_running_frameworks_types(dumps_dir, monkey
     assert samples[0].status is loaded.Sample.Status.TRUNCATED and type(samples[0]) is loaded.Sample
     missing = call(_args(dumps_dir), 3, None, evaluation=True)
     assert type(missing) is loaded.base_types.RolloutFnEvalOutput and missing.data == {}
+
+
+def test_under_miles_samples_hold_miles_own_records(tmp_path, monkeypatch):
+    """The loader keeps miles' AdapterRef / RewardSpec inert; miles' own Samples get the real ones back."""
+    with upstream.upstream_modules():
+        dicts = upstream.miles_sample_dicts(4)
+        upstream.miles_dump(tmp_path / "rollout_0.pt", 0, dicts)
+    loaded = frameworks.install(monkeypatch, "miles")
+    types_module = sys.modules["miles.utils.types"]
+    monkeypatch.setattr(types_module, "AdapterRef", upstream.AdapterRef, raising=False)
+    monkeypatch.setattr(types_module, "RewardSpec", upstream.RewardSpec, raising=False)
+    replay._SOURCES.clear()
+    out = generate_rollout(_args(tmp_path), 0, None)
+    for sample, source in zip(out.samples, dicts, strict=True):
+        assert type(sample) is loaded.Sample and type(sample.adapter) is upstream.AdapterRef
+        assert sample.adapter == upstream.AdapterRef(source["adapter"].name, source["adapter"].slot)
+        assert (sample.reward_spec is None) == (source["reward_spec"] is None)
+        assert sample.reward_spec is None or sample.reward_spec == upstream.RewardSpec(rm_type="math")
+        assert sample.metadata["tools"] == {"search", "python"} and type(sample.metadata["span"]) is tuple
+        assert sample.rollout_routed_experts is not None and sample.rollout_routed_experts.dtype.name == "int32"
+
+
+def test_under_slime_vlm_samples_hold_pil_images(tmp_path, monkeypatch):
+    """The loader keeps images inert; slime's own Samples get PIL images, one object where the dump had one."""
+    from PIL import Image
+
+    with upstream.upstream_modules():
+        dicts = upstream.vlm_sample_dicts(2)
+        upstream.vlm_dump(tmp_path / "rollout_0.pt", 0, dicts)
+    frameworks.install(monkeypatch, "slime")
+    replay._SOURCES.clear()
+    out = generate_rollout(_args(tmp_path), 0, None)
+    for sample, source in zip(out.samples, dicts, strict=True):
+        (image,) = sample.multimodal_inputs["images"]
+        expected = source["multimodal_inputs"]["images"][0]
+        assert isinstance(image, Image.Image) and (image.mode, image.size) == (expected.mode, expected.size)
+        assert image.tobytes() == expected.data
+        assert sample.prompt[0]["content"][0]["image"] is image
+    assert generate_rollout(_args(tmp_path), 0, None).samples[0].tokens == dicts[0]["tokens"]
 
 
 # --- the rollout function's flags, in slime's and miles' parsers -----------------------------------
