@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from forge_replay.dumps import DumpError, load, load_raw, safe_load
-from forge_replay.dumps.inert import DumpImage, DumpRecord, find_inert
+from forge_replay.dumps.inert import DumpImage, DumpRecord, find_inert, revive
 from forge_replay.dumps.packed import identical, load_packed_raw, write_packed
 from forge_replay.dumps.safe_pickle import Refused
 from forge_replay.dumps.summary import summarize
@@ -82,7 +82,10 @@ def test_a_miles_record_is_inert_until_revived(tmp_path):
     assert adapter.slot == 1
     with up.upstream_modules():
         real = adapter.revive()  # on request, where miles is importable
+        revived = revive(load(path).samples[1].to_dict())
     assert type(real) is up.AdapterRef and real == dicts[1]["adapter"]
+    assert type(revived["adapter"]) is up.AdapterRef and revived["reward_spec"] == dicts[1]["reward_spec"]
+    assert revived["metadata"]["tools"] == {"search", "python"} and revived["tokens"] == dicts[1]["tokens"]
 
 
 def test_a_slime_vlm_dump_loads_images_and_tensors(tmp_path):
@@ -120,6 +123,7 @@ def test_the_stand_in_pickles_as_pillow_does(tmp_path):
     path.write_bytes(buffer.getvalue())
     loaded = safe_load(path)
     back = loaded["image"].to_pil()
+    assert revive(loaded)["image"].tobytes() == real.tobytes()
     assert isinstance(back, Image.Image) and back.tobytes() == real.tobytes() and back.mode == "RGB"
     paletted = loaded["palette"]
     assert paletted.mode == "P" and paletted.palette and paletted.to_pil().convert("RGB").tobytes() == (

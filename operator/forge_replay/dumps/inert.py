@@ -251,6 +251,20 @@ def upstream_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
+def revive(value: Any) -> Any:
+    """``value`` with every inert record and image inside it (dicts, lists, tuples) turned into the real upstream
+    object: for handing samples back to slime or miles inside their own process (imports miles / PIL there)."""
+    if isinstance(value, DumpRecord):
+        return value.revive()
+    if isinstance(value, DumpImage):
+        return value.to_pil()
+    if isinstance(value, dict):
+        return {key: revive(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(revive(item) for item in value)
+    return value
+
+
 def find_inert(value: Any, kind: type) -> list[Any]:
     """Every instance of ``kind`` inside ``value`` (dicts, lists, tuples), in order; for callers that must
     notice images or records (the trainer says it ignored multimodal inputs)."""
