@@ -130,3 +130,11 @@ def test_the_baseline_reaches_the_runtime_read_only(baseline, volume, path):
     assert {"name": "baseline", "mountPath": BASELINE_MOUNT, "readOnly": True} in mounts
     plain = render(gate(expect=None, previous=None))
     assert "baselinePath" not in next(o for o in plain if o["kind"] == "ConfigMap")["data"]["config.yaml"]
+
+
+def test_an_api_error_keeps_the_verdict():
+    from forge_replay.controller.status import status_for_api_error
+
+    failed = status_from(gate(), rayjob("FAILED"), None, progress("Failed", MEMORY_MISS))
+    stalled = status_for_api_error(1, 403, "forbidden", failed)
+    assert cond(stalled, "ExpectationsMet") == cond(failed, "ExpectationsMet")

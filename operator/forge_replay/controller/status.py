@@ -319,7 +319,7 @@ def status_for_api_error(
     before = {c.get("type"): c for c in previous.get("conditions") or []}
     wanted = {
         kind: _Cond(c.get("status", "Unknown"), c.get("reason", kind), c.get("message", ""))
-        for kind, c in before.items() if kind in CONDITION_TYPES
+        for kind, c in before.items() if kind in (*CONDITION_TYPES, EXPECTATIONS_MET)  # all it wrote, kept
     }
     for kind in CONDITION_TYPES:
         wanted.setdefault(kind, _Cond("Unknown", "APIError", message))
