@@ -45,20 +45,12 @@ def closed_to_others(paths: Iterable[str], root: str | None) -> str | None:
     files: dict[str, int] = {}
     folders: dict[str, int] = {}
     for path in paths:
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            continue
-        if not mode & stat.S_IROTH:
+        if (mode := _mode_without(path, stat.S_IROTH)) is not None:
             files[path] = mode
         folder = os.path.dirname(os.path.abspath(path))
         top = os.path.abspath(root) if root else folder
         while folder == top or folder.startswith(top.rstrip(os.sep) + os.sep):
-            try:
-                mode = os.stat(folder).st_mode
-            except OSError:
-                break
-            if not mode & stat.S_IXOTH:
+            if (mode := _mode_without(folder, stat.S_IXOTH)) is not None:
                 folders[folder] = mode
             if folder == top:
                 break
@@ -74,6 +66,15 @@ def closed_to_others(paths: Iterable[str], root: str | None) -> str | None:
               f"{len(folders)} folder(s) other users cannot enter: {listed(folders)}" if folders else ""]
     return ("; ".join(filter(None, closed)) + "; runtime pods run as their own uid (10001 by default) and cannot"
             " read them on a shared claim: chmod o+r the dumps (o+x the folders)")
+
+
+def _mode_without(path: str, bit: int) -> int | None:
+    """``path``'s mode when it lacks ``bit``; None when it has it or cannot be read."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return None if mode & bit else mode
 
 
 @click.group()
