@@ -197,7 +197,7 @@ def test_cli_missing_dump_names_the_rollout_and_the_path(tmp_path):
     doc = job_doc("missing", "rollout_{rollout_id}.pt", 2, fallback=False)
     result = CliRunner().invoke(run_command, [write_job_file(tmp_path, doc), "--dumps-root", str(root),
                                               "--results", str(tmp_path / "out"), "--no-progress"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # verify refused the dumps before Ray: unusable input
     assert "train 1" in result.output and missing in result.output
     # verify off: the rollout manager meets the missing file at rollout 1 and the run stops there
     doc = job_doc("missing", "rollout_{rollout_id}.pt", 2, fallback=False, verify=False)

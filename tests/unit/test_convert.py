@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge_replay.dumps import Sample, SampleError, load, save
-from forge_replay.dumps.convert import check_samples, grpo_advantages, to_train_data
+from forge_replay.dumps.convert import Conversion, check_samples, grpo_advantages, to_train_data
 from forge_replay.dumps.verify import verify_dumps
 from tests.unit.test_dumps_slime_format import save_debug_rollout_data, slime_samples
 
@@ -214,14 +214,14 @@ def test_verify_reads_rewards_under_the_job_keys(tmp_path):
     save(tmp_path / "r_0.pt", 0, train)
     save(tmp_path / "r_eval_0.pt", 0, [_sample({"pass": 1.0})])
     assert verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1).ok  # the key is not known: dict rewards pass
-    keyless = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, all_rewards=True)
+    keyless = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, conversion=Conversion())
     assert not keyless.ok and "sample 0, field 'reward': is a dict (keys ['acc']); set replay.rewardKey" in (
         keyless.checks[0].message)
-    both = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1, reward_key="acc", all_rewards=True,
+    both = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1, conversion=Conversion(reward_key="acc"),
                         eval_reward_key="pass")
     assert both.ok, both.summary()
-    train_key_for_eval = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1, reward_key="acc",
-                                      all_rewards=True)
+    train_key_for_eval = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 1, eval_interval=1,
+                                      conversion=Conversion(reward_key="acc"))
     (problem,) = train_key_for_eval.problems
     assert problem.kind == "eval" and "eval sample 0: reward has no key 'acc'" in problem.message
     # eval reads rewards as the run reports them: None is 0.0 and loss masks do not matter; NaN is refused

@@ -188,7 +188,8 @@ def test_verify_job_runs_dumps_verify_read_only_and_non_root() -> None:
     container = pod["containers"][0]
     assert container["command"] == [
         "forge-replay", "dumps", "verify", "--root", DUMPS_MOUNT, "--path", "run-42/rollout_{rollout_id}.pt",
-        "--num-rollouts", "8", "--start-rollout-id", "2", "--eval-interval", "4",
+        "--num-rollouts", "8", "--start-rollout-id", "2", "--eval-interval", "4", "--no-reward-key",
+        "--model-config", '{"architectures":["Qwen3ForCausalLM"],"hidden_size":4096,"num_hidden_layers":36}',
     ]  # fmt: skip
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert container["volumeMounts"] == [{"name": "dumps", "mountPath": DUMPS_MOUNT, "readOnly": True}]
@@ -200,7 +201,7 @@ def test_verify_job_runs_dumps_verify_read_only_and_non_root() -> None:
 def test_verify_command_no_fallback() -> None:
     doc = yaml.safe_load((GOLDEN / "debug-checkpoint.in.yaml").read_text())
     command = verify_command(parse_job(doc))
-    assert command[-1] == "--no-fallback"
+    assert "--no-fallback" in command
     assert "--start-rollout-id" not in command and "--eval-interval" not in command
 
 
@@ -214,12 +215,12 @@ def test_verify_job_checks_dict_rewards_under_the_spec_reward_key(tmp_path) -> N
     job = parse_job(doc)
     verify = _by_kind(render(job, SETTINGS))[("Job", f"{job.metadata.name}-verify")]
     command = verify["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[-2:] == ["--reward-key", "accuracy"]
+    assert command[-4:-2] == ["--reward-key", "accuracy"]
     args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
     assert dumps.get_command(None, "verify").make_context("verify", args).params["reward_key"] == "accuracy"
     doc["spec"]["replay"]["evalRewardKey"] = "pass"  # eval dumps are read under their own key
     command = verify_command(parse_job(doc))
-    assert command[-4:] == ["--reward-key", "accuracy", "--eval-reward-key", "pass"]
+    assert command[-6:-2] == ["--reward-key", "accuracy", "--eval-reward-key", "pass"]
     args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
     assert dumps.get_command(None, "verify").make_context("verify", args).params["eval_reward_key"] == "pass"
 

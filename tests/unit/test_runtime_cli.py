@@ -64,7 +64,7 @@ def test_verify_refuses_a_missing_dump_before_ray_starts(tmp_path):
     document = doc()
     document["spec"]["replay"]["dumps"]["fallbackToFirst"] = False
     result = invoke(tmp_path, document, "--dumps-root", str(tmp_path))
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # verify refused the dumps: unusable input
     assert "dump verification failed" in result.output and str(tmp_path / "rollout_0.pt") in result.output
     assert not ray.is_initialized()
 
@@ -91,7 +91,7 @@ def test_verify_refuses_dict_rewards_the_reward_key_cannot_read_before_ray_start
     if reward_key:
         document["spec"]["replay"]["rewardKey"] = reward_key
     result = invoke(tmp_path, document, "--dumps-root", str(tmp_path), "--results", str(tmp_path / "out"))
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # unusable input, before Ray
     assert "dump verification failed" in result.output and "train 0" in result.output
     assert f"{tmp_path / 'rollout_0.pt'}: sample 0, field 'reward': {problem}" in result.output
     assert not ray.is_initialized()

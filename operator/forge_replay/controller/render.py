@@ -164,10 +164,19 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
         command += ["--eval-interval", str(replay.eval_interval)]
     if not replay.dumps.fallback_to_first:
         command.append("--no-fallback")
-    if replay.reward_key:  # dict rewards are checked under the keys training and eval read
-        command += ["--reward-key", replay.reward_key]
+    # The job's settings, so every train dump goes through the trainer's own conversion (dumps/convert.Conversion):
+    # dict rewards under the keys training and eval read (a dict reward without rewardKey is refused), groups as
+    # trainer.nSamplesPerPrompt makes them, tokens within the model's vocabulary and positions (its config).
+    command += ["--reward-key", replay.reward_key] if replay.reward_key else ["--no-reward-key"]
     if replay.eval_reward_key:
         command += ["--eval-reward-key", replay.eval_reward_key]
+    if job.spec.trainer.n_samples_per_prompt:
+        command += ["--n-samples-per-prompt", str(job.spec.trainer.n_samples_per_prompt)]
+    model = job.spec.model
+    if model.config is not None:
+        command += ["--model-config", json.dumps(model.config, sort_keys=True, separators=(",", ":"))]
+    elif model.path:
+        command += ["--model", f"{paths.MODEL_MOUNT}/{model.path}"]
     return command
 
 
@@ -189,6 +198,10 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "dumps", "mountPath": paths.DUMPS_MOUNT, "readOnly": True}],
     }
+    volumes = [_dumps_volume(job)]
+    if job.spec.model.path:  # its config.json gives the vocabulary and positions verify checks against
+        volumes.append(_model_volume(job))
+        container["volumeMounts"].append({"name": "model", "mountPath": paths.MODEL_MOUNT, "readOnly": True})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -203,7 +216,7 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
                     **_pod_identity(job, token=False),
                     "securityContext": _pod_security(settings),
                     "containers": [container],
-                    "volumes": [_dumps_volume(job)],
+                    "volumes": volumes,
                 },
             },
         },
@@ -325,6 +338,10 @@ def _dumps_volume(job: ForgeReplayJob) -> dict[str, Any]:
     return {"name": "dumps", "persistentVolumeClaim": claim}
 
 
+def _model_volume(job: ForgeReplayJob) -> dict[str, Any]:
+    return {"name": "model", "persistentVolumeClaim": {"claimName": job.spec.model.claim_name, "readOnly": True}}
+
+
 def _volumes(job: ForgeReplayJob, settings: OperatorSettings, shm_size: str) -> tuple[list[dict], list[dict]]:
     """Volumes and mounts shared by every Ray pod: dumps (ro), config (ro), /dev/shm, model (ro), results."""
     volumes: list[dict[str, Any]] = [
@@ -343,7 +360,7 @@ def _volumes(job: ForgeReplayJob, settings: OperatorSettings, shm_size: str) -> 
         mounts.append({"name": "baseline", "mountPath": paths.BASELINE_MOUNT, "readOnly": True})
     model = job.spec.model
     if model.path:
-        volumes.append({"name": "model", "persistentVolumeClaim": {"claimName": model.claim_name, "readOnly": True}})
+        volumes.append(_model_volume(job))
         mounts.append({"name": "model", "mountPath": paths.MODEL_MOUNT, "readOnly": True})
     results = job.spec.results.claim_name
     if results:

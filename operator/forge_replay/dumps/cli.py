@@ -115,6 +115,12 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
               help="The job has no replay.rewardKey: a dict reward in a train dump is refused, as training refuses it.")
 @click.option("--eval-reward-key", default=None,
               help="Check eval dumps' dict rewards under this key (replay.evalRewardKey; default --reward-key).")
+@click.option("--n-samples-per-prompt", type=click.IntRange(min=1), default=None,
+              help="Group samples as training does (trainer.nSamplesPerPrompt; default: by group_index).")
+@click.option("--model", "model_path", default=None, metavar="PATH",
+              help="The model's checkpoint directory (spec.model.path): its config.json gives the vocabulary and"
+              " positions the tokens must fit (read without weights; unreadable: noted, those checks skipped).")
+@click.option("--model-config", default=None, metavar="JSON", help="The model config (spec.model.config), as JSON.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_limit_option
 def verify(
@@ -127,6 +133,9 @@ def verify(
     reward_key: str | None,
     no_reward_key: bool,
     eval_reward_key: str | None,
+    n_samples_per_prompt: int | None,
+    model_path: str | None,
+    model_config: str | None,
     as_json: bool,
     limit_settings: tuple[str, ...],
 ) -> None:
@@ -134,11 +143,32 @@ def verify(
 
     Token ids, log probs and rewards are checked as training checks them; samples with an all-zero
     loss mask and dumps whose rollout_id is not their file's rollout are counted in the report.
+    With any of the job's settings (--reward-key, --no-reward-key, --n-samples-per-prompt, --model,
+    --model-config) every train dump goes through the trainer's own conversion under them: give them
+    all, as the operator's verify Job does (a dict reward without --reward-key is then refused).
     """
-    from forge_replay.dumps.verify import verify_dumps
+    from forge_replay.dumps.convert import NO_LIMITS, Conversion
+    from forge_replay.dumps.verify import model_limits, verify_dumps
 
     if no_reward_key and reward_key is not None:
         _fail("--no-reward-key and --reward-key contradict each other", code=2)
+    if model_path is not None and model_config is not None:
+        _fail("--model and --model-config contradict each other", code=2)
+    conversion, notes = None, ()
+    if reward_key is not None or no_reward_key or n_samples_per_prompt or model_path or model_config:
+        limits, note = NO_LIMITS, ""
+        try:
+            if model_config is not None:
+                source = json.loads(model_config)
+                if not isinstance(source, dict):
+                    raise ValueError("expected a JSON object")
+                limits, note = model_limits(source)
+            elif model_path is not None:
+                limits, note = model_limits(model_path)
+        except ValueError as exc:  # bad JSON, or a config transformers refuses (ModelError)
+            _fail(f"--model-config: {exc}", code=2)
+        conversion = Conversion(n_samples_per_prompt=n_samples_per_prompt, reward_key=reward_key, limits=limits)
+        notes = (note,) if note else ()
     try:
         report = verify_dumps(
             root,
@@ -150,8 +180,9 @@ def verify(
             progress=not as_json,
             limits=_limits(limit_settings),
             reward_key=reward_key,
-            all_rewards=no_reward_key,
             eval_reward_key=eval_reward_key,
+            conversion=conversion,
+            notes=notes,
         )
     except ValueError as exc:
         _fail(str(exc), code=2)

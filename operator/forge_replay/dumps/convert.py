@@ -7,10 +7,15 @@ of one sample has advantage 0). Every response token gets its sample's advantage
 Garbage is refused here, naming the sample and field, because it would otherwise train silently
 (issue 19): token ids that are not ints in [0, 2^31) (floats, bools, digit strings), log probs
 that are not finite or outside [LOG_PROB_MIN, LOG_PROB_MAX], rewards whose group normalization
-overflows, a rollout in which no sample has a loss token. What slime itself accepts is counted
-instead: samples whose loss mask is all zeros (``remove_sample`` makes them) and a dump whose
-top-level ``rollout_id`` differs from the rollout its file stands for (slime never reads it).
-:func:`check_samples` runs the same per-sample checks for `dumps verify`.
+overflows, a rollout in which no sample has a loss token. With the model's :class:`ModelLimits`, token
+ids outside its vocabulary and samples longer than its positions are refused too. What slime itself
+accepts is counted instead: samples whose loss mask is all zeros (``remove_sample`` makes them) and a
+dump whose top-level ``rollout_id`` differs from the rollout its file stands for (slime never reads it).
+
+:class:`Conversion` is the trainer's conversion under a job's settings: the rollout manager and
+``replay.verify`` (`dumps verify`, `forge-replay run`'s pre-flight) both call it, so verify refuses
+exactly what training would. :func:`check_samples` runs the per-sample checks alone, for a verify
+that does not know the job's settings.
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ TOKEN_ID_MAX = 2**31 - 1  # token ids are int32 on the way to the model
 # A sampled token's log probability: 0 at most (a little more for rounding), and never so negative that
 # exp(logp - old_logp) overflows in the policy ratio (e^-10000 is far below any sampled token).
 LOG_PROB_MIN, LOG_PROB_MAX = -1e4, 1e-3
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the model accepts, from its config (``vocab_size``, ``max_position_embeddings``); None: not checked."""
+
+    vocab_size: int | None = None
+    max_positions: int | None = None
+
+
+NO_LIMITS = ModelLimits()
 
 
 @dataclass
@@ -58,7 +74,7 @@ def _as_int_list(value: Any, index: int, field_name: str) -> list[int]:
     return value
 
 
-def _tokens(sample: Sample, index: int) -> list[int]:
+def _tokens(sample: Sample, index: int, limits: ModelLimits = NO_LIMITS) -> list[int]:
     tokens = _as_int_list(sample.tokens, index, "tokens")
     if not tokens:
         raise SampleError(index, "tokens", "is empty")
@@ -69,6 +85,15 @@ def _tokens(sample: Sample, index: int) -> list[int]:
     if low < 0 or high > TOKEN_ID_MAX:
         position, bad = next((i, t) for i, t in enumerate(tokens) if not 0 <= t <= TOKEN_ID_MAX)
         raise SampleError(index, "tokens", f"token {position} is {quote(bad)}; token ids are in [0, 2^31)")
+    vocab, positions = limits.vocab_size, limits.max_positions
+    if vocab is not None and high >= vocab:
+        position = next(i for i, t in enumerate(tokens) if t >= vocab)
+        raise SampleError(index, "tokens", f"token {position} is {tokens[position]}, outside"
+                          f" the model's vocabulary [0, {vocab}) (vocab_size); the dumps were made with"
+                          " another tokenizer, or the model config is not the dumps' model")
+    if positions is not None and len(tokens) > positions:
+        raise SampleError(index, "tokens", f"holds {len(tokens)} tokens, more than the model's {positions} positions"
+                          " (max_position_embeddings)")
     return tokens
 
 
@@ -194,13 +219,14 @@ def to_train_data(
     n_samples_per_prompt: int | None = None,
     normalize_std: bool = True,
     reward_key: str | None = None,
+    limits: ModelLimits = NO_LIMITS,
 ) -> TrainData:
     """Convert replayed samples to training inputs; inconsistent samples raise SampleError (index, field)."""
     if not samples:
         raise SampleError(None, "samples", "no samples to train on")
     tokens, lengths, masks, rewards, log_probs, truncated, rollout_ids = [], [], [], [], [], [], []
     for i, sample in enumerate(samples):
-        sample_tokens, length, mask, log_prob = _checked(sample, i)
+        sample_tokens, length, mask, log_prob = _checked(sample, i, limits)
         tokens.append(sample_tokens)
         lengths.append(length)
         masks.append(mask)
@@ -225,11 +251,11 @@ def to_train_data(
     )
 
 
-def _checked(sample: Sample, index: int) -> tuple[list[int], int, list[int], list[float] | None]:
+def _checked(sample: Sample, index: int, limits: ModelLimits) -> tuple[list[int], int, list[int], list[float] | None]:
     """One sample's tokens, response length, loss mask and log probs, each checked (SampleError)."""
     if not isinstance(sample.rollout_id, int | None) or isinstance(sample.rollout_id, bool):
         raise SampleError(index, "rollout_id", f"{quote(sample.rollout_id)} is not an int or None")
-    tokens = _tokens(sample, index)
+    tokens = _tokens(sample, index, limits)
     length = _response_length(sample, index, len(tokens))
     return tokens, length, _loss_mask(sample, index, length), _log_probs(sample, index, length)
 
@@ -249,19 +275,43 @@ def _masked_out(masks: list[list[int]]) -> int:
     return count
 
 
-def check_samples(samples: Sequence[Sample], reward_key: str | None = None, *, all_rewards: bool = False) -> int:
-    """The per-sample checks of :func:`to_train_data`, for `dumps verify`; returns the masked-out count.
+@dataclass(frozen=True)
+class Conversion:
+    """The trainer's conversion of one rollout under a job's settings and its model's limits.
 
-    Rewards are checked when they are numbers, or dicts and ``reward_key`` is given (verify may
-    not know the key); ``all_rewards`` says ``reward_key`` is the job's own, so a dict reward without
-    one is refused as training refuses it. Grouping needs the job's settings and is left to training.
+    The rollout manager converts every rollout with it, and ``replay.verify`` runs it on every train dump before
+    any GPU is requested: one function, so verify refuses exactly what training would."""
+
+    n_samples_per_prompt: int | None = None
+    normalize_std: bool = True
+    reward_key: str | None = None
+    limits: ModelLimits = NO_LIMITS
+
+    @classmethod
+    def for_job(cls, spec: Any, limits: ModelLimits = NO_LIMITS) -> Conversion:
+        """The conversion a ForgeReplayJob ``spec`` trains with (trainer.nSamplesPerPrompt,
+        trainer.normalizeAdvantageStd, replay.rewardKey)."""
+        trainer = spec.trainer
+        return cls(trainer.n_samples_per_prompt, trainer.normalize_advantage_std, spec.replay.reward_key, limits)
+
+    def __call__(self, samples: Sequence[Sample]) -> TrainData:
+        return to_train_data(samples, n_samples_per_prompt=self.n_samples_per_prompt,
+                             normalize_std=self.normalize_std, reward_key=self.reward_key, limits=self.limits)
+
+
+def check_samples(samples: Sequence[Sample], reward_key: str | None = None, limits: ModelLimits = NO_LIMITS) -> int:
+    """The per-sample checks of :func:`to_train_data`, for a verify that does not know the job's settings;
+    returns the masked-out count.
+
+    Rewards are checked when they are numbers, or dicts and ``reward_key`` is given. Grouping needs the job's
+    settings: a verify that has them runs :class:`Conversion` instead.
     """
     masks, log_probs = [], []
     for i, sample in enumerate(samples):
-        _, _, mask, log_prob = _checked(sample, i)
+        _, _, mask, log_prob = _checked(sample, i, limits)
         masks.append(mask)
         log_probs.append(log_prob)
-        if all_rewards or not isinstance(sample.reward, dict) or reward_key is not None:
+        if not isinstance(sample.reward, dict) or reward_key is not None:
             _reward(sample, i, reward_key)
     _log_probs_all_or_none(log_probs)
     return _masked_out(masks)

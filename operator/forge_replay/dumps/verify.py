@@ -1,7 +1,12 @@
 """Check that every dump a job needs exists, loads safely and converts, before any GPU is requested.
 
-Each file goes through the same per-sample checks as training (:func:`~forge_replay.dumps.convert.check_samples`):
-garbage token ids, log probs or rewards make it unreadable, naming the file, sample and field. Samples with an
+With the job's settings (a :class:`~forge_replay.dumps.convert.Conversion`: the operator's verify Job and
+`forge-replay run` always give them), every train dump goes through the trainer's own conversion: dict rewards
+without ``replay.rewardKey`` or without that key, token ids outside the model's vocabulary, samples longer than its
+positions, response lengths or loss masks that do not fit the tokens, groups that do not split, make the file
+unreadable, naming the rollout, file, sample and field. The model's limits come from its config, read without
+weights (:func:`model_limits`); a config that cannot be read is noted and those two checks skipped. Without the
+job's settings the per-sample checks run alone (:func:`~forge_replay.dumps.convert.check_samples`). Samples with an
 all-zero loss mask and a top-level ``rollout_id`` that is not the file's rollout are counted and noted. Eval trains
 nothing: an eval dump's rewards are read as the run reports them (:func:`eval_reward_problem`).
 """
@@ -15,7 +20,7 @@ from typing import Literal
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
 from forge_replay.dumps.bounds import Limits
-from forge_replay.dumps.convert import check_samples, rollout_id_note
+from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
 from forge_replay.dumps.files import load
 from forge_replay.dumps.progress import progress_bar
 from forge_replay.dumps.safe_pickle import DumpError
@@ -65,6 +70,7 @@ class VerifyReport:
     template: str
     root: str | None
     checks: list[FileCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # checks that were skipped, and why
 
     @property
     def ok(self) -> bool:
@@ -97,12 +103,13 @@ class VerifyReport:
             "problems": len(self.problems),
             "rollout_id_mismatches": self.rollout_id_mismatches,
             "masked_out_samples": self.masked_out,
+            "notes": list(self.notes),
             "files": [asdict(c) | {"problem": c.problem} for c in self.checks],
         }
 
     def summary(self) -> str:
         """One line per file plus a verdict, for humans and status messages."""
-        lines = []
+        lines = [f"note: {note}" for note in self.notes]
         for c in self.checks:
             label = f"{c.kind} {c.rollout_id}"
             masked = f", {c.masked_out} with an all-zero loss mask" if c.masked_out else ""
@@ -133,6 +140,33 @@ def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: b
     return "" if bad is None else f"eval sample {bad}: reward {rewards[bad]} is not a finite number"
 
 
+def model_limits(source: str | dict) -> tuple[ModelLimits, str]:
+    """The model's ``vocab_size`` and ``max_position_embeddings`` from its config, read without weights as the trainer
+    reads it (a ``spec.model.config`` dict, or transformers' AutoConfig on the checkpoint directory or a name in the
+    local cache), and ""; when a checkpoint's config cannot be read, no limits and a note saying so.
+
+    A config dict that transformers refuses is the spec's own error: ModelError (a ValueError), as training raises."""
+    from forge_replay.runtime.trainer.model import config_from_dict
+
+    if isinstance(source, dict):
+        config = config_from_dict(source)
+    else:
+        try:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(source, local_files_only=True)
+        except Exception as exc:  # noqa: BLE001 - any reason a config cannot be read is reported, not fatal
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            return NO_LIMITS, (f"cannot read the model config of {source} ({reason}); token ids and sequence "
+                               "lengths were not checked against the model's vocabulary and positions")
+    return ModelLimits(_positive(config, "vocab_size"), _positive(config, "max_position_embeddings")), ""
+
+
+def _positive(config, name: str) -> int | None:
+    value = getattr(config, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def verify_dumps(
     root: str | None,
     template: str,
@@ -143,16 +177,19 @@ def verify_dumps(
     progress: bool = False,
     limits: Limits | None = None,
     reward_key: str | None = None,
-    all_rewards: bool = False,
     eval_reward_key: str | None = None,
+    conversion: Conversion | None = None,
+    notes: tuple[str, ...] = (),
 ) -> VerifyReport:
     """Check every train (and eval) dump a job reads; each distinct file is loaded once, safely.
 
     ``root`` is the PVC mount (``template`` must then be relative), or None to use ``template``
-    as a filesystem path; ``limits`` bound the work per file (default: :func:`~forge_replay.dumps.bounds.default_limits`);
-    dict rewards are checked when ``reward_key`` is given, and refused without one when ``all_rewards`` says it is
-    the job's own (``forge-replay run``); eval dumps' dict rewards are checked under ``eval_reward_key or reward_key``
-    when there is one. Raises ValueError for an invalid template or counts.
+    as a filesystem path; ``limits`` bound the work per file (default: :func:`~forge_replay.dumps.bounds.default_limits`).
+    With ``conversion`` (the job's settings) every train dump is converted as the trainer converts it, and eval dumps'
+    dict rewards are read under ``eval_reward_key`` or the job's reward key (a dict without a key is refused); without
+    it the per-sample checks run alone and dict rewards are checked only under ``reward_key``. ``notes`` (checks
+    skipped, e.g. an unreadable model config) are carried into the report. Raises ValueError for an invalid template
+    or counts.
     """
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
@@ -162,7 +199,9 @@ def verify_dumps(
     if eval_interval > 0 and not is_template(template):
         raise ValueError(f"eval_interval > 0 needs a {{rollout_id}} template; {template!r} is a literal path")
 
-    report = VerifyReport(template=template, root=root)
+    report = VerifyReport(template=template, root=root, notes=list(notes))
+    if conversion is not None:
+        reward_key = conversion.reward_key
     loaded: dict[str, tuple[int | None, str, int | None, int | None]] = {}  # path -> (samples, error, id, masked)
     rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
     eval_ids = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
@@ -171,11 +210,13 @@ def verify_dumps(
         if path not in loaded:
             try:
                 dump = load(path, limits)
-                if kind == "train":
-                    masked_out = check_samples(dump.samples, reward_key, all_rewards=all_rewards)
+                if kind == "train" and conversion is not None:
+                    masked_out = conversion(dump.samples).masked_out
+                elif kind == "train":
+                    masked_out = check_samples(dump.samples, reward_key)
                 else:  # eval trains nothing: only its rewards are read, under eval's own key
                     masked_out = None
-                    problem = eval_reward_problem(dump.samples, eval_reward_key or reward_key, all_rewards)
+                    problem = eval_reward_problem(dump.samples, eval_reward_key or reward_key, conversion is not None)
                     if problem:
                         raise SampleError(None, "reward", problem)
                 loaded[path] = (len(dump.samples), "", dump.rollout_id, masked_out)

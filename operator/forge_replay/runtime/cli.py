@@ -161,8 +161,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     report.json (per rollout: loss, tokens, step and data-wait time, memory peaks per rank,
     fallback used), memory.png and progress.json to the results folder and prints a table.
     Exit status: 0 success; 1 the run failed (missing dump, bad sample, trainer error);
-    2 FILE is unusable (unreadable, invalid spec, forge mode without sglang or --engine-command), or the
-    results folder is (not writable, or in use by another run, which is named);
+    2 FILE is unusable (unreadable, invalid spec, dumps that verify refused, forge mode without sglang or
+    --engine-command), or the results folder is (not writable, or in use by another run, which is named);
     3 the run finished but an expectation of spec.expect failed (a verdict table follows the run's; a run over
     maxPeakMemoryGiB is stopped after the step that went over);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
@@ -264,10 +264,10 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
                            engine_command=engine_command, progress_configmap=None,
                            baseline_path=os.path.abspath(baseline) if baseline else None)
     try:
-        prepared = preflight(config)
-    except ReplayRunError as exc:
+        prepared = preflight(config, progress=not no_progress)
+    except ReplayRunError as exc:  # before Ray: dumps that verify refuses are unusable input (exit 2)
         err(f"forge-replay run {file}: {exc}")
-        sys.exit(EXIT_FAILED)
+        sys.exit(EXIT_UNUSABLE if getattr(exc, "unusable", False) else EXIT_FAILED)
     cpus = local_cpus_needed(trainer_settings(spec.trainer).world_size)
     then = ", then the trainer and the sglang engines" if spec.replay.mode == "forge" else ", then the trainer"
     err(f"starting a local Ray ({cpus} CPUs){then}")

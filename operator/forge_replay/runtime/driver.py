@@ -80,15 +80,18 @@ class Prepared:
     plan: RolloutSidePlan
     model_source: str | dict
     vocab_size: int | None
+    max_positions: int | None = None
 
 
-def preflight(config) -> Prepared:
-    """Checks that need no Ray and no trainer: forge prerequisites, dumps (``verify``), model source.
+def preflight(config, progress: bool = False) -> Prepared:
+    """Checks that need no Ray and no trainer: forge prerequisites, model source and limits, dumps (``verify``).
 
-    Raises :class:`ReplayRunError`; the CLI runs this before it starts Ray, so bad input fails fast.
+    Raises :class:`ReplayRunError` (:class:`DumpsRefused` when verify refuses the dumps); the CLI runs this before
+    it starts Ray, so bad input fails fast. ``progress`` shows verify's progress bar.
     """
+    from forge_replay.dumps.verify import model_limits
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
-    from forge_replay.runtime.trainer.model import ModelError, model_source, vocab_size_of
+    from forge_replay.runtime.trainer.model import ModelError, model_source
 
     spec = config.job.spec
     ft = spec.fault_tolerance
@@ -97,13 +100,16 @@ def preflight(config) -> Prepared:
         problem = forge_prerequisite_problem(config.engine_command)
         if problem:
             raise ReplayRunError(problem)
-    if spec.replay.verify:
-        verify_or_raise(config)
     try:
         source = model_source(spec.model, config.model_root)
-        return Prepared(plan, source, vocab_size_of(source))
+        limits, note = model_limits(source)
     except ModelError as exc:
         raise ReplayRunError(str(exc)) from None
+    if note:
+        log.warning("%s", note)
+    if spec.replay.verify:
+        verify_or_raise(config, limits, note, progress)
+    return Prepared(plan, source, limits.vocab_size, limits.max_positions)
 
 
 def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True,
@@ -185,6 +191,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
             raise ReplayRunError(str(exc)) from None
         manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
             job, config.dumps_root, world_size=settings.world_size, vocab_size=prepared.vocab_size,
+            max_positions=prepared.max_positions,
             engine_command=config.engine_command,
             model_root=config.model_root, results_dir=config.results_dir, trainer_placement=placement,
         )
@@ -347,19 +354,28 @@ class ReportSaver:
                 f"{report.completed} of {report.planned} rollouts were trained")
 
 
-def verify_or_raise(config) -> None:
-    """Every needed dump exists, loads safely and converts as training converts it (rewards under the job's
-    ``replay.rewardKey``: a dict reward without one, or without that key, is refused), before any trainer is placed."""
+class DumpsRefused(ReplayRunError):
+    """``replay.verify`` refused the dumps: unusable input, found before Ray starts (`run` exits 2)."""
+
+    unusable = True
+
+
+def verify_or_raise(config, limits=None, note: str = "", progress: bool = False) -> None:
+    """Every needed dump exists, loads safely and converts as the trainer converts it (:class:`Conversion` of the
+    job, with the model's ``limits``), before Ray starts or any trainer is placed; raises :class:`DumpsRefused`."""
+    from forge_replay.dumps.convert import NO_LIMITS, Conversion
     from forge_replay.dumps.verify import verify_dumps
 
-    replay = config.job.spec.replay
+    spec = config.job.spec
+    replay = spec.replay
     result = verify_dumps(
         config.dumps_root, replay.dumps.path, replay.num_rollouts, start_rollout_id=replay.start_rollout_id,
-        eval_interval=replay.eval_interval, fallback=replay.dumps.fallback_to_first,
-        reward_key=replay.reward_key, all_rewards=True, eval_reward_key=replay.eval_reward_key,
+        eval_interval=replay.eval_interval, fallback=replay.dumps.fallback_to_first, progress=progress,
+        eval_reward_key=replay.eval_reward_key, conversion=Conversion.for_job(spec, limits or NO_LIMITS),
+        notes=(note,) if note else (),
     )
     if not result.ok:
-        raise ReplayRunError(
+        raise DumpsRefused(
             f"dump verification failed under {config.dumps_root} (spec.replay.verify: true):\n{result.summary()}"
         )
 

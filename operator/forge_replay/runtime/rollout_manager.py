@@ -70,6 +70,7 @@ class RolloutManager:
         *,
         world_size: int,
         vocab_size: int | None = None,
+        max_positions: int | None = None,
         engine_command: str | None = None,
         model_root: str | None = None,
         results_dir: str | None = None,
@@ -82,6 +83,7 @@ class RolloutManager:
         self.job = job
         self.world_size = world_size
         self.vocab_size = vocab_size
+        self.max_positions = max_positions
         self.micro_batch_tokens = spec.trainer.micro_batch_tokens
         self.engine_command = engine_command
         self.model_root = model_root
@@ -150,20 +152,14 @@ class RolloutManager:
     def get_rollout(self, rollout_id: int) -> RolloutBatch:
         """Load rollout ``rollout_id`` (fallback counted), convert it, split and pack it."""
         from forge_replay.dumps import SampleError
-        from forge_replay.dumps.convert import rollout_id_note, to_train_data
+        from forge_replay.dumps.convert import Conversion, ModelLimits, rollout_id_note
 
         started = time.perf_counter()
         if self.engine_side is not None:
             self.engine_side.before_generate(rollout_id)
         replayed = self.source.load_train(rollout_id)
-        trainer, replay = self.job.spec.trainer, self.job.spec.replay
-        try:
-            data = to_train_data(
-                replayed.samples,
-                n_samples_per_prompt=trainer.n_samples_per_prompt,
-                normalize_std=trainer.normalize_advantage_std,
-                reward_key=replay.reward_key,
-            )
+        try:  # the conversion `replay.verify` ran on this dump before any GPU was requested
+            data = Conversion.for_job(self.job.spec, ModelLimits(self.vocab_size, self.max_positions))(replayed.samples)
             lengths = [len(t) for t in data.tokens]
             rank_batches = [
                 [build_micro_batch(data, indices, self.vocab_size) for indices in micro_batches]
