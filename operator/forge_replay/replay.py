@@ -339,37 +339,21 @@ _NUMERIC_FIELDS = frozenset({
 
 
 def _to_framework(samples: list[Sample], sample_cls: Any | None) -> list[Any]:
-    """The framework's own Samples (``Sample.from_dict``), with the loader's inert stand-ins made real."""
+    """The framework's own Samples (``Sample.from_dict``), with the loader's inert records and images made real
+    (miles' ``AdapterRef`` / ``RewardSpec``, PIL images), as the framework's code expects them; it is running, so
+    its modules are there."""
     if sample_cls is None:
         return samples
+    from forge_replay.dumps.inert import revive
+
     out = []
     for sample in samples:
         data, seen = sample.to_dict(), {}
         for key, value in data.items():
             if key not in _NUMERIC_FIELDS:
-                data[key] = _revived(value, seen)
+                data[key] = revive(value, seen)
         out.append(sample_cls.from_dict(data))
     return out
-
-
-def _revived(value: Any, seen: dict[int, Any]) -> Any:
-    """``value`` with every inert record revived (miles' ``AdapterRef``, ``RewardSpec``) and every inert image a
-    PIL image, as the framework's code expects them; the framework is running, so its modules are there. One
-    object seen twice (an image in the prompt and in ``multimodal_inputs``) stays one object."""
-    from forge_replay.dumps.inert import DumpImage, DumpRecord
-
-    if isinstance(value, (DumpRecord, DumpImage)):
-        if id(value) not in seen:
-            seen[id(value)] = value.revive() if isinstance(value, DumpRecord) else value.to_pil()
-        return seen[id(value)]
-    if isinstance(value, dict):
-        return {key: _revived(item, seen) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_revived(item, seen) for item in value]
-        if all(new is old for new, old in zip(items, value)):
-            return value  # nothing revived inside: the same object
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    return value
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:

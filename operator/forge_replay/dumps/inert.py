@@ -251,17 +251,21 @@ def upstream_globals() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-def revive(value: Any) -> Any:
-    """``value`` with every inert record and image inside it (dicts, lists, tuples) turned into the real upstream
-    object: for handing samples back to slime or miles inside their own process (imports miles / PIL there)."""
-    if isinstance(value, DumpRecord):
-        return value.revive()
-    if isinstance(value, DumpImage):
-        return value.to_pil()
+def revive(value: Any, seen: dict[int, Any] | None = None) -> Any:
+    """``value`` with every inert record and image inside it (dicts, lists, tuples, sets) turned into the real
+    upstream object: for handing samples back to slime or miles inside their own process (imports miles / PIL
+    there). One inert object met twice (an image in the prompt and in ``multimodal_inputs``; pass the same
+    ``seen`` across calls) becomes one object; a list, tuple or set with nothing to revive is returned as is."""
+    seen = {} if seen is None else seen
+    if isinstance(value, (DumpRecord, DumpImage)):
+        if id(value) not in seen:
+            seen[id(value)] = value.revive() if isinstance(value, DumpRecord) else value.to_pil()
+        return seen[id(value)]
     if isinstance(value, dict):
-        return {key: revive(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return type(value)(revive(item) for item in value)
+        return {key: revive(item, seen) for key, item in value.items()}
+    if type(value) in (list, tuple, set, frozenset):
+        items = [revive(item, seen) for item in value]
+        return value if all(new is old for new, old in zip(items, value)) else type(value)(items)
     return value
 
 
