@@ -64,4 +64,17 @@ def test_baseline_metrics_are_numeric_rollout_fields_of_the_report():
     numeric = {f.name for f in dataclasses.fields(RolloutRecord) if hints[f.name] in (int, float)}
     assert set(ROLLOUT_METRICS) <= numeric
     # the rest are the record's keys and timings, which differ run to run
-    assert numeric - set(ROLLOUT_METRICS) == {"step", "rollout_id", "step_seconds", "data_wait_seconds"}
+    assert numeric - set(ROLLOUT_METRICS) == {"step", "rollout_id", "step_seconds", "data_wait_seconds"}, (
+        "a numeric per-rollout field of RolloutRecord is new: add it to api.models.ROLLOUT_METRICS (then "
+        "scripts/generate) so spec.expect.baseline can compare it, or to this set if it varies run to run")
+
+
+def test_expect_needs_the_builtin_trainer():
+    doc = debug_job(spec__expect={"maxFallbacks": 0}, spec__trainer__backend="slime",
+                    spec__trainer__image="registry.example/slime:1", spec__trainer__workingDir="/root/slime")
+    for key in ("microBatchTokens", "gpusPerNode"):
+        doc["spec"]["trainer"].pop(key, None)
+    with pytest.raises(SpecInvalid) as info:
+        parse_job(doc)
+    assert any(str(p).startswith("spec.expect: only the builtin trainer") for p in info.value.problems), \
+        info.value.problems

@@ -770,6 +770,13 @@ def _model_path_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
     return []
 
 
+def _expect_needs_builtin(spec: ForgeReplayJobSpec) -> list[Problem]:
+    if spec.expect is not None and spec.trainer.backend != "builtin":
+        return [Problem("spec.expect", f"only the builtin trainer records the report the verdict reads; backend "
+                        f"{spec.trainer.backend} runs its own train.py, so nothing would check it: remove spec.expect")]
+    return []
+
+
 def _baseline_one_source(spec: ForgeReplayJobSpec) -> list[Problem]:
     b = spec.expect.baseline if spec.expect else None
     if b is not None and (b.config_map_name is None) == (b.path is None):
@@ -924,6 +931,13 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
         "spec.replay.evalBeforeTrain: needs evalInterval > 0 (eval is off)",
         ".evalBeforeTrain",
         _eval_before_train_needs_eval,
+    ),
+    CrossFieldRule(
+        "",
+        "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin'",
+        "spec.expect: only the builtin trainer records the report the verdict reads (backend slime or miles does not)",
+        ".expect",
+        _expect_needs_builtin,
     ),
     CrossFieldRule(
         "expect.baseline",
