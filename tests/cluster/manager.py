@@ -52,6 +52,7 @@ CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
     "clusterrole-aggregation-controller",
     "pod-garbage-collector-controller",
+    "persistentvolumeclaim-protection-controller",  # removes the finalizer the admission plugin puts on PVCs
 )
 
 # KWOK stages (from the pinned module's kustomize/stage): nodes become Ready and keep heartbeating; bound pods

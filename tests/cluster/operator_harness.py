@@ -184,9 +184,46 @@ class Api:
         return out
 
 
-def apply(control_plane: Any, doc: dict[str, Any] | list[dict[str, Any]]) -> None:
+def claim_doc(name: str, namespace: str, *modes: str) -> dict[str, Any]:
+    """A PersistentVolumeClaim (access ``modes``, ReadWriteMany by default); it stays Pending here (no PV)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"accessModes": list(modes or ("ReadWriteMany",)), "resources": {"requests": {"storage": "1Gi"}}}}
+
+
+def claims_for(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ReadWriteMany claims for every PVC the ForgeReplayJobs in ``docs`` name (the operator checks them)."""
+    from forge_replay.api import parse_job
+    from forge_replay.controller.claims import named_claims
+
+    wanted: dict[tuple[str, str], dict[str, Any]] = {}
+    for doc in docs:
+        if doc.get("kind") == "ForgeReplayJob":
+            namespace = doc["metadata"]["namespace"]
+            for claim in named_claims(parse_job(doc)):
+                wanted[(namespace, claim.name)] = claim_doc(claim.name, namespace)
+    return list(wanted.values())
+
+
+def apply(control_plane: Any, doc: dict[str, Any] | list[dict[str, Any]], *, claims: bool = True) -> None:
+    """kubectl apply ``doc``; with ``claims``, the PVCs its jobs name are created first (ReadWriteMany)."""
     docs = doc if isinstance(doc, list) else [doc]
+    docs = (claims_for(docs) if claims else []) + docs
     control_plane.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in docs))
+
+
+def change_behind_the_api_servers_back(control_plane: Any, api: "Api", doc: dict[str, Any], attempts: int = 5) -> None:
+    """Apply a spec change to a launched job as a CRD without the transition rules would take it, so the operator's
+    own refusal is what is tested: status.launchedGeneration is dropped first (the API server's rules read it;
+    the operator sets it again on its next status write, so a refused apply is retried)."""
+    namespace, name = doc["metadata"]["namespace"], doc["metadata"]["name"]
+    result = None
+    for _ in range(attempts):
+        api.kube.merge_patch("forgereplay.io/v1alpha1", "ForgeReplayJob", namespace, name,
+                             {"status": {"launchedGeneration": None}}, status=True)
+        result = control_plane.kubectl("apply", "-f", "-", input=json.dumps(doc), check=False)
+        if result.returncode == 0:
+            return
+    raise AssertionError(f"the API server kept refusing the change: {result.stderr if result else ''}")
 
 
 def chart_operator_rules() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.cluster.operator_harness import Api, OperatorProcess, apply, job_doc, operator_kubeconfig_for, wait_for
+from tests.cluster.operator_harness import (Api, OperatorProcess, apply, change_behind_the_api_servers_back, job_doc,
+                                           operator_kubeconfig_for, wait_for)
 
 pytestmark = pytest.mark.cluster
 
@@ -91,7 +92,7 @@ def test_status_follows_rayjob_completion(control_plane, operator, api, namespac
                                           job_status, phase, ready, stalled) -> None:
     apply(control_plane, job_doc("done", namespace))
     wait_for("the RayJob", lambda: api.rayjob(namespace, "done"))
-    progress = ('{"completed": 4, "total": 4, "fallbacks": 1, '
+    progress = ('{"completed": 4, "total": 4, "fallbacks": 1, "maskedOutSamples": 2, "rolloutIdMismatches": 1, '
                 '"memory": {"peakAllocatedGiB": 71.3, "peakReservedGiB": 75.0, "rank": 3}}')
     control_plane.kubectl("patch", "configmap", "done-progress", "-n", namespace, "--type=merge",
                           "-p", '{"data": {"progress.json": %s}}' % __import__("json").dumps(progress))
@@ -111,6 +112,7 @@ def test_status_follows_rayjob_completion(control_plane, operator, api, namespac
     assert status["rollouts"] == {"completed": 4, "total": 4}
     assert status["memory"] == {"peakAllocatedGiB": 71.3, "peakReservedGiB": 75.0, "rank": 3}
     assert status["fallbacks"] == 1
+    assert (status["maskedOutSamples"], status["rolloutIdMismatches"]) == (2, 1)  # kept by the status schema
     if phase == "Failed":
         assert f"jobStatus {job_status}" in status["message"]
 
@@ -154,9 +156,9 @@ def test_verify_failure_blocks_the_rayjob_and_reports_what_verify_printed(contro
     command = verify["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:3] == ["forge-replay", "dumps", "verify"]
     pod = wait_for("the verify pod", lambda: _pod_of(api, namespace, "badverify-verify"))
-    # there is no dumps PVC in this namespace: the status says why verification does not progress
-    wait_for("the unschedulable reason in the status", lambda: "rollout-dumps" in (
-        api.status(namespace, "badverify").get("message") or ""), timeout=60)
+    # the dumps PVC has no volume here (no provisioner): the status says why verification does not progress
+    wait_for("the unschedulable reason in the status", lambda: "persistentvolumeclaim" in (
+        api.status(namespace, "badverify").get("message") or "").lower(), timeout=60)
     printed = "rollout 2: run/rollout_2.pt: missing (fallbackToFirst would use run/rollout_0.pt)\nFAILED: 1 of 4"
     _finish_pod(api, pod, exit_code=1, message=printed)
     status = wait_for("phase Failed", phase_is(api, namespace, "badverify", "Failed"), timeout=90)
@@ -182,7 +184,9 @@ def test_spec_change_after_launch_is_refused_but_suspend_propagates(control_plan
                                                                      namespace) -> None:
     apply(control_plane, job_doc("frozen", namespace))
     before = wait_for("the RayJob", lambda: api.rayjob(namespace, "frozen"))
-    apply(control_plane, job_doc("frozen", namespace, trainer={"nodes": 2, "gpusPerNode": 1}))
+    # the API server refuses this (tests/cluster/test_operator_platform.py); the operator's own refusal is the backstop
+    change_behind_the_api_servers_back(control_plane, api, job_doc("frozen", namespace,
+                                                                   trainer={"nodes": 2, "gpusPerNode": 1}))
     spec_valid = wait_for("SpecValid=False", lambda: (c := api.condition(namespace, "frozen", "SpecValid"))
                           .get("status") == "False" and c)
     assert spec_valid["reason"] == "SpecChangeRefused"
@@ -192,7 +196,8 @@ def test_spec_change_after_launch_is_refused_but_suspend_propagates(control_plan
     assert after["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 1  # never half applied
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     # suspend is the one spec field that may change after launch (even alongside a refused change)
-    apply(control_plane, job_doc("frozen", namespace, trainer={"nodes": 2, "gpusPerNode": 1}, suspend=True))
+    change_behind_the_api_servers_back(control_plane, api, job_doc("frozen", namespace, suspend=True,
+                                                                   trainer={"nodes": 2, "gpusPerNode": 1}))
     wait_for("RayJob suspended", lambda: api.rayjob(namespace, "frozen")["spec"].get("suspend") is True)
     # reverting the refused change clears the refusal; resuming propagates
     apply(control_plane, job_doc("frozen", namespace, suspend=False))
@@ -262,7 +267,7 @@ def test_status_follows_kuberay_and_kwok_end_to_end(control_plane, operator, api
     """Verify pod (completed by KWOK) -> RayJob -> KubeRay's RayCluster on fake GPU nodes -> Running -> KubeRay
     gives up (no real Ray head behind the fake pods) -> Failed with KubeRay's message."""
     _bound_claim(control_plane, namespace, "rollout-dumps")
-    apply(control_plane, job_doc("live", namespace, replay__verify=True, ttlSecondsAfterFinished=1))
+    apply(control_plane, job_doc("live", namespace, replay__verify=True, ttlSecondsAfterFinished=1), claims=False)
     wait_for("DumpsVerified=True (KWOK completes the verify pod)",
              lambda: api.condition(namespace, "live", "DumpsVerified").get("status") == "True", timeout=120)
     status = wait_for("phase Running on a ready cluster", phase_is(api, namespace, "live", "Running"), timeout=180)

@@ -12,7 +12,8 @@ import time
 import pytest
 import yaml
 
-from tests.cluster.operator_harness import Api, OperatorProcess, apply, job_doc, wait_for
+from tests.cluster.operator_harness import (Api, OperatorProcess, apply, change_behind_the_api_servers_back, claim_doc,
+                                           job_doc, wait_for)
 # The same fixtures (and so the same FORGE_REPLAY_OPERATOR_KUBECONFIG_FACTORY override) as test_operator.py.
 from tests.cluster.test_operator import _finish_pod, api, operator, operator_kubeconfig  # noqa: F401
 
@@ -252,10 +253,17 @@ def test_each_refused_change_posts_a_warning_event(control_plane, operator, api,
         return [e for e in _events(control_plane, namespace, "frozen")
                 if e["type"] == "Warning" and e["reason"] == "SpecChangeRefused"]
 
-    apply(control_plane, job_doc("frozen", namespace, trainer={"nodes": 2, "gpusPerNode": 1}))
+    # the API server refuses such changes (test_the_api_server_refuses_...); the operator's refusal is the backstop
+    change_behind_the_api_servers_back(control_plane, api, job_doc("frozen", namespace, replay__numRollouts=9,
+                                                                   trainer={"nodes": 2, "gpusPerNode": 1}))
     first = wait_for("a Warning event for the refused change", refusals)
     assert "spec.trainer.nodes" in first[0]["message"]
-    apply(control_plane, job_doc("frozen", namespace, trainer={"nodes": 3, "gpusPerNode": 1}))
+    # kubectl get shows the rollouts the job runs (status.rollouts.total), not the refused value (issue 18)
+    header, row = control_plane.kubectl("get", "forgereplayjob", "frozen", "-n", namespace).stdout.splitlines()
+    columns = header.split()
+    assert row.split()[columns.index("ROLLOUTS")] == "4"
+    change_behind_the_api_servers_back(control_plane, api, job_doc("frozen", namespace,
+                                                                   trainer={"nodes": 3, "gpusPerNode": 1}))
     wait_for("a second Warning event for the second refused change", lambda: len(refusals()) >= 2)
     time.sleep(11)  # resyncs repeat the status, not the event
     assert len(refusals()) == 2
@@ -372,3 +380,51 @@ def test_a_stuck_launch_says_why_in_cluster_ready(control_plane, operator, api, 
                        and c, timeout=120)
     assert "cannot be scheduled" in cluster["message"]
     assert api.status(namespace, "nowhere")["phase"] == "Launching"
+
+
+def test_claims_are_checked_before_anything_is_requested(control_plane, operator, api, namespace) -> None:
+    """A missing claim, then a ReadWriteOnce results claim: Pending with the reason and a Warning event, no
+    child created; a ReadWriteMany claim lets the job launch (the spec may change until then)."""
+    doc = job_doc("claims", namespace, results={"claimName": "missing-results"})
+    apply(control_plane, doc, claims=False)
+    apply(control_plane, claim_doc("rollout-dumps", namespace, "ReadOnlyMany"), claims=False)
+    status = wait_for("ClaimNotFound", lambda: (s := api.status(namespace, "claims")).get("phase") == "Pending"
+                      and _condition(api, namespace, "claims", "ClusterReady").get("reason") == "ClaimNotFound" and s)
+    assert f"PersistentVolumeClaim {namespace}/missing-results (spec.results.claimName) does not exist" in \
+        status["message"]
+    assert "ReadWriteMany" in status["message"]
+    wait_for("a ClaimNotFound Warning event", lambda: [e for e in _events(control_plane, namespace, "claims")
+                                                       if e["type"] == "Warning" and e["reason"] == "ClaimNotFound"])
+    assert api.rayjob(namespace, "claims") is None
+    assert not any(api.children(namespace, "claims").values())
+
+    apply(control_plane, claim_doc("rwo-results", namespace, "ReadWriteOnce"), claims=False)
+    doc["spec"]["results"] = {"claimName": "rwo-results"}
+    apply(control_plane, doc, claims=False)
+    message = wait_for("ClaimAccessMode", lambda: (c := _condition(api, namespace, "claims", "ClusterReady"))
+                       .get("reason") == "ClaimAccessMode" and c["message"])
+    assert "rwo-results (spec.results.claimName) has access modes ReadWriteOnce" in message
+    wait_for("a ClaimAccessMode Warning event", lambda: [e for e in _events(control_plane, namespace, "claims")
+                                                         if e["reason"] == "ClaimAccessMode"])
+    assert api.rayjob(namespace, "claims") is None
+
+    apply(control_plane, claim_doc("shared-results", namespace, "ReadWriteMany"), claims=False)
+    doc["spec"]["results"] = {"claimName": "shared-results"}
+    apply(control_plane, doc, claims=False)
+    wait_for("the RayJob once the claims can be mounted", lambda: api.rayjob(namespace, "claims"))
+    wait_for("Stalled=False", lambda: _condition(api, namespace, "claims", "Stalled").get("status") == "False")
+
+
+def test_the_api_server_refuses_a_spec_change_after_launch(control_plane, operator, api, namespace) -> None:
+    apply(control_plane, job_doc("cel", namespace))
+    wait_for("status.launchedGeneration", lambda: api.status(namespace, "cel").get("launchedGeneration"))
+    changed = job_doc("cel", namespace, trainer={"nodes": 2, "gpusPerNode": 1}, image="other:1")
+    refused = control_plane.kubectl("apply", "-f", "-", check=False, input=json.dumps(changed))
+    assert refused.returncode != 0
+    assert "spec.trainer: Forbidden: spec.trainer cannot change once the job is launched" in refused.stderr
+    assert "spec.image: Forbidden" in refused.stderr
+    assert api.job(namespace, "cel")["spec"]["trainer"]["nodes"] == 1
+    # suspend is the one field that may change; re-applying the launched spec is no change at all
+    apply(control_plane, job_doc("cel", namespace, suspend=True), claims=False)
+    wait_for("RayJob suspended", lambda: api.rayjob(namespace, "cel")["spec"].get("suspend") is True)
+    apply(control_plane, job_doc("cel", namespace), claims=False)

@@ -388,3 +388,23 @@ def test_a_stuck_launch_is_explained_from_the_ray_pods_own_reasons():
     assert note in cluster["message"] and note in status["message"]
     running = status_from(job(), rayjob("Running", "RUNNING", rayClusterName="c"), None, None, launch_note=note, now=NOW)
     assert note not in running["message"]
+
+
+def test_masked_out_samples_and_rollout_id_mismatches_reach_the_status_and_stay() -> None:
+    progress = ProgressReport.model_validate({"completed": 2, "total": 8, "maskedOutSamples": 5,
+                                              "rolloutIdMismatches": 1})
+    status = status_from(job(), rayjob("Running", "RUNNING"), verify("succeeded"), progress, now=NOW)
+    assert (status["maskedOutSamples"], status["rolloutIdMismatches"]) == (5, 1)
+    # a reconcile that does not read the progress ConfigMap keeps the counts
+    again = status_from(job(previous=status), rayjob("Running", "RUNNING"), verify("succeeded"), None, now=LATER)
+    assert (again["maskedOutSamples"], again["rolloutIdMismatches"]) == (5, 1)
+    assert same_status(status, again)
+
+
+def test_launched_generation_is_set_with_the_first_child_and_kept() -> None:
+    assert status_from(job(), None, None, None, now=NOW)["launchedGeneration"] is None
+    verifying = status_from(job(), None, verify("running"), None, now=NOW)
+    assert verifying["launchedGeneration"] == 3
+    later = job(previous=verifying).model_copy(deep=True)
+    later.metadata.generation = 5  # e.g. suspend toggled twice since
+    assert status_from(later, rayjob("Running", "RUNNING"), None, None, now=LATER)["launchedGeneration"] == 3

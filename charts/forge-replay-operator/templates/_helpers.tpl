@@ -67,6 +67,10 @@ in docs/operator.md (one rule list for the ClusterRole and for every namespaced 
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
+# The claims a job names (dumps, model, results), checked to exist with a usable access mode before launch.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get"]
 # The job config and the progress ConfigMap the runtime publishes into. The operator must itself hold
 # get/patch on configmaps to grant them to the runtime's Role (RBAC forbids escalation).
 - apiGroups: [""]

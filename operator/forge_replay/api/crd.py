@@ -20,6 +20,7 @@ from forge_replay.api.models import (
     GROUP,
     KIND,
     MAX_NAME_LENGTH,
+    MUTABLE_AFTER_LAUNCH,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -30,6 +31,7 @@ from forge_replay.api.models import (
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"crds/{CRD_NAME}.yaml"
+MAX_CONDITIONS = 16
 HEADER = "# Generated from the pydantic models by `forge-replay crd`; do not edit by hand.\n"
 
 # Free-form maps: their contents are the user's (HF config, sglang flags), not ours to prune.
@@ -148,8 +150,37 @@ def status_schema() -> dict[str, Any]:
     conditions = schema["properties"]["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
+    conditions["maxItems"] = MAX_CONDITIONS  # bounds the cost of the transition rules reading them
     conditions["items"].setdefault("required", ["type", "status"])
     return schema
+
+
+def frozen_after_launch_rules() -> list[dict[str, Any]]:
+    """Transition rules (root level: they read the old status) refusing a change to any spec field but those in
+    MUTABLE_AFTER_LAUNCH once status.launchedGeneration is set: the operator's own refusal, in the API server.
+
+    While SpecValid is False (a change the operator refused, or an invalid spec) the spec may change, so that
+    it can be reverted or fixed. One rule per top-level field, so the error names it; each compares one
+    subtree once (a cost linear in its size, well inside the per-rule budget)."""
+    rules = []
+    for name, field in ForgeReplayJobSpec.model_fields.items():
+        if name in MUTABLE_AFTER_LAUNCH:
+            continue
+        key = field.alias or name
+        rules.append({
+            "rule": "!has(oldSelf.status) || !has(oldSelf.status.launchedGeneration) || "
+                    # a change the operator refused (or an invalid spec) may still be reverted or fixed
+                    "(has(oldSelf.status.conditions) && oldSelf.status.conditions.exists(c, c.type == 'SpecValid' "
+                    "&& c.status == 'False')) || "
+                    f"(has(self.spec.{key}) == has(oldSelf.spec.{key}) && "
+                    f"(!has(self.spec.{key}) || self.spec.{key} == oldSelf.spec.{key}))",
+            "message": f"spec.{key} cannot change once the job is launched (status.launchedGeneration is set); "
+                       f"only {', '.join('spec.' + m for m in sorted(MUTABLE_AFTER_LAUNCH))} may. Revert the change, "
+                       "or delete and re-create the ForgeReplayJob to run the new spec",
+            "fieldPath": f".spec.{key}",
+            "reason": "FieldValueForbidden",
+        })
+    return rules
 
 
 def crd() -> dict[str, Any]:
@@ -174,6 +205,7 @@ def crd() -> dict[str, Any]:
                 "rule": f"!has(self.metadata.name) || self.metadata.name.matches('{DNS1035_LABEL}')",
                 "message": "metadata.name: must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter)",
             },
+            *frozen_after_launch_rules(),
         ],
     }
     root["properties"]["spec"]["description"] = "The desired replay job."
@@ -209,7 +241,8 @@ def crd() -> dict[str, Any]:
                         {"name": "Mode", "type": "string", "jsonPath": ".spec.replay.mode"},
                         {"name": "Done", "type": "integer", "jsonPath": ".status.rollouts.completed",
                          "description": "Rollouts trained"},
-                        {"name": "Rollouts", "type": "integer", "jsonPath": ".spec.replay.numRollouts",
+                        # The operator's total (the launched spec's), not the spec: a refused change shows nothing.
+                        {"name": "Rollouts", "type": "integer", "jsonPath": ".status.rollouts.total",
                          "description": "Rollouts to train"},
                         {"name": "Peak GiB", "type": "number", "jsonPath": ".status.memory.peakAllocatedGiB",
                          "description": "Peak GPU memory allocated by any rank"},

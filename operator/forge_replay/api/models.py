@@ -991,6 +991,11 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
 ]
 
 
+MUTABLE_AFTER_LAUNCH = frozenset({"suspend"})
+"""The spec fields that may change once a job is launched: the operator refuses a change to any other (its
+config ConfigMap keeps the launched spec) and the CRD's transition rules refuse it in the API server."""
+
+
 # ----------------------------------------------------------- bring your own trainer (slime, miles)
 
 _BYO_FIELDS = ("image", "working_dir", "script", "args", "env")
@@ -1322,6 +1327,11 @@ class ForgeReplayJobStatus(_Model):
         Field(default=None, description="Pending, Verifying, Launching, Running, Succeeded, Failed or Suspended.")
     )
     observed_generation: int | None = Field(default=None, description="The spec generation last acted on.")
+    launched_generation: int | None = Field(
+        default=None,
+        description="The spec generation the job's objects were created from; once set, the API server refuses "
+        "a change to any spec field but suspend.",
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Ready, Reconciling, Stalled and more.")
     ray_job_name: str | None = Field(default=None, description="The KubeRay RayJob running the replay.")
     ray_cluster_name: str | None = Field(default=None, description="The RayCluster KubeRay created.")
@@ -1330,6 +1340,13 @@ class ForgeReplayJobStatus(_Model):
         default=None, description="Memory peak published by the runtime (source says what it measures)."
     )
     fallbacks: int | None = Field(default=None, description="Rollouts trained from rollout 0's file (fallback).")
+    masked_out_samples: int | None = Field(
+        default=None, description="Samples trained so far whose loss mask is all zeros (slime accepts them; they "
+        "add no loss token)."
+    )
+    rollout_id_mismatches: int | None = Field(
+        default=None, description="Rollouts whose dump holds a rollout_id other than the one its file stands for."
+    )
     start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the job finished (RFC 3339).")
     message: str | None = Field(default=None, description="What is happening now, or why it failed.")

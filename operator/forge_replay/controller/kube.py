@@ -21,6 +21,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
     ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
     ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
     ("v1", "Pod"): ("/api/v1", "pods"),
+    ("v1", "PersistentVolumeClaim"): ("/api/v1", "persistentvolumeclaims"),
     ("v1", "Event"): ("/api/v1", "events"),
     ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),

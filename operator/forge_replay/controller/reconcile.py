@@ -25,6 +25,7 @@ from forge_replay.api.paths import CONFIG_FILE
 from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.controller import metrics, naming
+from forge_replay.controller.claims import claim_problems, named_claims
 from forge_replay.controller.kube import Kube, KubeError
 from forge_replay.controller.render import frozen_spec, render, spec_hash
 from forge_replay.controller.settings import OperatorSettings
@@ -38,6 +39,7 @@ from forge_replay.controller.status import (
     same_status,
     status_for_api_error,
     status_for_baseline,
+    status_for_claims,
     status_for_invalid_spec,
     status_from,
     verify_pod_note,
@@ -207,7 +209,11 @@ class Reconciler:
         verify_job = None
         verify_message = None
         if rayjob is None and not launched_before:
-            # Before launch: make sure every prerequisite exists, then verify, then the RayJob.
+            # Before launch: the claims it names, then every prerequisite, then verify, then the RayJob.
+            if previous.get("phase") not in ("Verifying", "Launching"):  # checked until something is created
+                problems = self._claim_problems(job)
+                if problems:
+                    return self._write_status(body, previous, status_for_claims(job, problems, previous))
             missing = self._baseline_problem(job) if previous.get("phase") not in ("Verifying", "Launching") else None
             if missing:  # spec.expect.baseline's ConfigMap: found missing before any GPU is requested
                 return self._write_status(body, previous, status_for_baseline(job, missing, previous))
@@ -293,6 +299,13 @@ class Reconciler:
             return None
         pods = self.kube.list("v1", "Pod", namespace, f"job-name={job_name}")
         return verify_pod_note(pods, failed=state == "failed")
+
+    def _claim_problems(self, job: ForgeReplayJob) -> list:
+        """What keeps the job's PVCs (dumps, model, results) from being mounted by all its pods."""
+        namespace = job.metadata.namespace
+        assert namespace
+        read = [(c, self.kube.get("v1", "PersistentVolumeClaim", namespace, c.name)) for c in named_claims(job)]
+        return claim_problems(namespace, read)
 
     def _baseline_problem(self, job: ForgeReplayJob) -> str | None:
         """Why the ConfigMap of spec.expect.baseline cannot give the runtime its baseline (missing, no report.json

@@ -14,6 +14,7 @@ from typing import Any
 
 from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ObjectMeta
 from forge_replay.api import paths
+from forge_replay.api.models import MUTABLE_AFTER_LAUNCH
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.backends import launch, worker_nodes
 from forge_replay.controller import naming
@@ -44,8 +45,8 @@ def spec_hash(job: ForgeReplayJob) -> str:
 
 
 def frozen_spec(job: ForgeReplayJob) -> dict[str, Any]:
-    """The normalized spec minus ``suspend``: what may not change once children exist."""
-    return job.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"suspend"})
+    """The normalized spec minus ``suspend`` (MUTABLE_AFTER_LAUNCH): what may not change once children exist."""
+    return job.spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude=set(MUTABLE_AFTER_LAUNCH))
 
 
 def owner_reference(job: ForgeReplayJob) -> dict[str, Any] | None:

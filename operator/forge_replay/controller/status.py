@@ -230,10 +230,17 @@ def status_from(
     if progress is not None and progress.memory is not None:
         memory = progress.memory.model_dump(mode="json", by_alias=True, exclude_none=True)
     fallbacks = progress.fallbacks if progress is not None else previous.get("fallbacks")
+    # Data slime accepts but a user should see, as the runtime counted it (runtime/progress.py).
+    masked_out = progress.masked_out_samples if progress is not None else previous.get("maskedOutSamples")
+    mismatches = progress.rollout_id_mismatches if progress is not None else previous.get("rolloutIdMismatches")
 
+    # Once the job's objects exist its spec is frozen, in the API server too (the CRD's transition rules).
+    has_children = rayjob is not None or verify_job is not None or launched_before
+    launched_generation = previous.get("launchedGeneration") or (job.metadata.generation if has_children else None)
     return {
         "phase": phase,
         "observedGeneration": job.metadata.generation,
+        "launchedGeneration": launched_generation,
         "conditions": _conditions(conditions, previous, job.metadata.generation, now_text),
         "rayJobName": (rayjob or {}).get("metadata", {}).get("name") or previous.get("rayJobName"),
         "rayClusterName": rj_status.get("rayClusterName") or previous.get("rayClusterName"),
@@ -241,6 +248,8 @@ def status_from(
         "memory": memory,
         "fallbacks": fallbacks,
         "expectations": expectations,
+        "maskedOutSamples": masked_out,
+        "rolloutIdMismatches": mismatches,
         "startTime": start,
         "completionTime": completion if phase in TERMINAL_PHASES else None,
         "message": _tail(message),
@@ -287,9 +296,39 @@ def status_for_invalid_spec(
         "rollouts": None,
         "memory": None,
         "fallbacks": None,
+        "maskedOutSamples": None,
+        "rolloutIdMismatches": None,
         "startTime": None,
         "completionTime": None,
         "message": _tail(f"spec invalid: {message}"),
+    }
+
+
+def status_for_claims(
+    job: ForgeReplayJob, problems: list[Any], previous: dict[str, Any] | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """Status of a job stopped before launch by its claims (``controller.claims.ClaimProblem``): Pending,
+    Stalled=True (a Warning event), nothing created until every claim it names can be mounted."""
+    now_text = rfc3339(now or datetime.now(timezone.utc))
+    previous = previous or {}
+    reason = problems[0].reason
+    message = "; ".join(p.message for p in problems)
+    waiting = "nothing is created until the job's claims can be mounted"
+    conditions = {
+        "Ready": _Cond("False", reason, message),
+        "Reconciling": _Cond("False", reason, waiting),
+        "Stalled": _Cond("True", reason, message),
+        "SpecValid": _Cond("True", "Valid", "the spec passed validation"),
+        "DumpsVerified": _Cond("Unknown", reason, waiting),
+        "ClusterReady": _Cond("False", reason, message),
+    }
+    generation = job.metadata.generation
+    return {
+        "phase": "Pending",
+        "observedGeneration": generation,
+        "conditions": _conditions(conditions, previous, generation, now_text),
+        "message": _tail(message),
+        "results": results_location(job),
     }
 
 
