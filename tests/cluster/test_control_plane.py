@@ -135,6 +135,7 @@ INVALID_CASES = [
     ("engine size does not divide GPUs", "spec.rollout.numGpusPerEngine", 3, "spec.rollout.numGpusPerEngine"),
     ("dump path escapes the claim", "spec.replay.dumps.path", "../rollout_{rollout_id}.pt", "spec.replay.dumps.path"),
     ("no rollouts", "spec.replay.numRollouts", 0, "spec.replay.numRollouts"),
+    ("eval before training with eval off", "spec.replay.evalBeforeTrain", True, "spec.replay.evalBeforeTrain"),
     ("FT components while disabled", "spec.faultTolerance", {"enabled": False, "components": ["train"]},
      "spec.faultTolerance.components"),
     ("name longer than a RayJob allows", "metadata.name", "x" * 48, "metadata.name"),
