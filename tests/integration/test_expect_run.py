@@ -51,7 +51,8 @@ def test_a_debug_replay_passes_against_its_own_report_and_fails_a_changed_one(tm
     assert [c["name"] for c in again_report["expectations"]][-2:] == ["baseline.loss", "baseline.grad_norm"]
     assert "expectations: all met" in again.output
     # bit for bit, not merely within rtol
-    assert [r["loss"] for r in again_report["rollouts"]] == [r["loss"] for r in first_report["rollouts"]]
+    for metric in ("loss", "grad_norm"):
+        assert [r[metric] for r in again_report["rollouts"]] == [r[metric] for r in first_report["rollouts"]]
 
     # a baseline 1% off at rollout 2: the same verdict functions the run uses name the rollout and the metric
     off = json.loads(baseline.read_text())
