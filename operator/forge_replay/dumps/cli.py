@@ -165,7 +165,7 @@ def verify(
                 limits, note = model_limits(source)
             elif model_path is not None:
                 limits, note = model_limits(model_path)
-        except ValueError as exc:  # bad JSON, or a config transformers refuses (ModelError)
+        except ValueError as exc:  # not JSON, or not an object
             _fail(f"--model-config: {exc}", code=2)
         conversion = Conversion(n_samples_per_prompt=n_samples_per_prompt, reward_key=reward_key, limits=limits)
         notes = (note,) if note else ()

@@ -140,25 +140,30 @@ def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: b
     return "" if bad is None else f"eval sample {bad}: reward {rewards[bad]} is not a finite number"
 
 
-def model_limits(source: str | dict) -> tuple[ModelLimits, str]:
+def model_limits(source: str | dict, *, builds_from_config: bool = False) -> tuple[ModelLimits, str]:
     """The model's ``vocab_size`` and ``max_position_embeddings`` from its config, read without weights as the trainer
     reads it (a ``spec.model.config`` dict, or transformers' AutoConfig on the checkpoint directory or a name in the
-    local cache), and ""; when a checkpoint's config cannot be read, no limits and a note saying so.
+    local cache), and ""; when the config cannot be read, no limits and a note saying so (those checks are skipped:
+    a trainer of another image may read what this one cannot).
 
-    A config dict that transformers refuses is the spec's own error: ModelError (a ValueError), as training raises."""
-    from forge_replay.runtime.trainer.model import config_from_dict
+    ``builds_from_config``: the builtin trainer builds its model from a config dict, so one that transformers refuses
+    is the spec's own error and raises ModelError (a ValueError), before Ray starts rather than in the trainer."""
+    from forge_replay.runtime.trainer.model import ModelError, config_from_dict
 
-    if isinstance(source, dict):
-        config = config_from_dict(source)
-    else:
-        try:
+    try:
+        if isinstance(source, dict):
+            config = config_from_dict(source)
+        else:
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(source, local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - any reason a config cannot be read is reported, not fatal
-            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-            return NO_LIMITS, (f"cannot read the model config of {source} ({reason}); token ids and sequence "
-                               "lengths were not checked against the model's vocabulary and positions")
+    except Exception as exc:  # noqa: BLE001 - any reason a config cannot be read is reported, not fatal
+        if builds_from_config and isinstance(exc, ModelError):
+            raise
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        where = "spec.model.config" if isinstance(source, dict) else source
+        return NO_LIMITS, (f"cannot read the model config of {where} ({reason}); token ids and sequence "
+                           "lengths were not checked against the model's vocabulary and positions")
     return ModelLimits(_positive(config, "vocab_size"), _positive(config, "max_position_embeddings")), ""
 
 

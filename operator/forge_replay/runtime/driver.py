@@ -102,7 +102,7 @@ def preflight(config, progress: bool = False) -> Prepared:
             raise ReplayRunError(problem)
     try:
         source = model_source(spec.model, config.model_root)
-        limits, note = model_limits(source)
+        limits, note = model_limits(source, builds_from_config=True)
     except ModelError as exc:
         raise ReplayRunError(str(exc)) from None
     if note:
