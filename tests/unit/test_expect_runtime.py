@@ -79,3 +79,21 @@ def test_the_verdict_table_shows_each_check():
     ]))
     text = console.export_text()
     assert "1 of 2 NOT met" in text and "FAILED: 0.8 > 0.01" in text and "passed" in text
+
+
+def test_the_in_cluster_runtime_stops_before_ray_on_a_baseline_it_cannot_read(tmp_path):
+    """A baseline on a PVC (which the operator cannot read ahead) that is missing: exit 3 before Ray, the failed
+    baseline checks recorded with the result the operator reads."""
+    from forge_replay.api.runtime_config import RuntimeConfig
+    from forge_replay.runtime.__main__ import main
+
+    doc = debug_job(metadata={"name": "gate", "namespace": "ml"},
+                    spec__expect={"baseline": {"claimName": "results", "path": "r1/report.json"}})
+    config = RuntimeConfig(job=parse_job(doc), dumps_root=str(tmp_path), results_dir=str(tmp_path / "out"),
+                           model_root=None, baseline_path=str(tmp_path / "absent" / "report.json"))
+    (tmp_path / "config.yaml").write_text(config.to_yaml())
+    assert main(["--config", str(tmp_path / "config.yaml"), "--no-progress"]) == 3
+    result = json.loads((tmp_path / "out" / "progress.json").read_text())["result"]
+    assert result["phase"] == "Failed" and "cannot be read" in result["message"]
+    assert [(e["name"], e["passed"]) for e in result["expectations"]] == [("baseline.loss", False),
+                                                                          ("baseline.grad_norm", False)]

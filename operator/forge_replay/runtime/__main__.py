@@ -43,6 +43,14 @@ def main(argv: list[str] | None = None) -> int:
             record_result(config, "Failed", str(exc))
             return 2
 
+    from forge_replay.runtime.verdict import unusable_baseline
+
+    failed = unusable_baseline(config.job.spec, config.baseline_path)  # before Ray: nothing is trained for nothing
+    if failed:
+        print(f"forge-replay: {failed[0]['message']}", file=sys.stderr)
+        record_result(config, "Failed", f"{failed[0]['name']}: {failed[0]['message']}", failed)
+        return 3
+
     import ray
 
     from forge_replay.runtime.driver import ALREADY_CONNECTED, ReplayRunError, connect_ray, local_cpus_needed, run_job

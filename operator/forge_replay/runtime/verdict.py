@@ -75,6 +75,19 @@ def baseline_problem(path: str | None, spec) -> str | None:
     return None
 
 
+def unusable_baseline(spec, baseline_path: str | None) -> list[dict] | None:
+    """In a cluster, before Ray: the failed baseline checks when the mounted baseline (a PVC path the operator
+    cannot read ahead) cannot be used, so the run stops before it trains; None when it can (or there is none)."""
+    if spec.expect is None or spec.expect.baseline is None:
+        return None
+    problem = baseline_problem(baseline_path, spec)
+    if problem is None:
+        return None
+    from forge_replay.api.models import ExpectSpec
+
+    return [c.to_dict() for c in check_report({}, ExpectSpec(baseline=spec.expect.baseline), None, problem)]
+
+
 def verdict(report: dict, spec, baseline_path: str | None) -> list[Check]:
     """The checks of ``spec.expect`` on a finished run's report; a baseline that cannot be read fails its checks."""
     expect = spec.expect
