@@ -276,7 +276,7 @@ def check_pickle(data: bytes, limits: Limits) -> None:
         if entry is None:
             raise BoundsError(f"malformed pickle: unknown opcode {bytes([code])!r} at byte {pos}")
         name, kind, prefix, marked, pushes, category = entry
-        arg_end = _arg_end(data, pos, name, kind) if kind else pos + 1
+        arg_end = pos + 1 + kind if kind >= 0 else _arg_end(data, pos, name, kind)  # fixed-size args inline
         if arg_end > end:
             raise BoundsError(f"malformed pickle: {name} at byte {pos} runs past the end")
         size = arg_end - pos
@@ -285,10 +285,16 @@ def check_pickle(data: bytes, limits: Limits) -> None:
         elif category == _MEMO_PUT or category == _MEMOIZE:
             if not stack or (marks and marks[-1] == len(stack)):
                 raise BoundsError(f"malformed pickle: memo store on an empty stack at byte {pos}")
-            key = len(memo) if category == _MEMOIZE else _memo_key(data, pos, arg_end, kind)
+            if category == _MEMOIZE:
+                key = len(memo)
+            elif kind > 0:  # BINPUT / LONG_BINPUT inline: memo operations are a third of a structured dump's opcodes
+                key = int.from_bytes(data[pos + 1 : arg_end], "little")
+            else:
+                key = _memo_key(data, pos, arg_end, kind)
             memo[key] = stack[-1]
         elif category == _MEMO_GET:
-            value = memo.get(_memo_key(data, pos, arg_end, kind))
+            key = int.from_bytes(data[pos + 1 : arg_end], "little") if kind > 0 else _memo_key(data, pos, arg_end, kind)
+            value = memo.get(key)
             if value is None:
                 raise BoundsError(f"malformed pickle: memo key read before it is set at byte {pos}")
             stack.append(value)

@@ -247,7 +247,8 @@ def upstream_globals() -> dict[tuple[str, str], Any]:
     for names, make in ((RECORD_CLASSES, DumpRecord), (IMAGE_CLASSES, DumpImage)):
         for full in sorted(names):
             module, _, name = full.rpartition(".")
-            allowed[(module, name)] = _SealedClass(name, (_UpstreamName,), {"__slots__": (), "_make": make, "_name": full})
+            namespace = {"__slots__": (), "_make": make, "_name": full}
+            allowed[(module, name)] = _SealedClass(name, (_UpstreamName,), namespace)
     return allowed
 
 
