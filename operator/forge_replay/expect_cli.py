@@ -119,14 +119,14 @@ def baseline(report_file: str, name: str, namespace: str | None) -> None:
     except BaselineUnreadable as exc:
         problem = problem or str(exc)
     else:
-        problem = problem or baseline_problem(doc, report_file, len(text.encode("utf-8")))
+        problem = problem or not_a_baseline(doc, report_file, len(text.encode("utf-8")))
     if problem:
         err(problem)
         sys.exit(EXIT_UNUSABLE)
     click.echo(baseline_configmap(text, doc, name, namespace), nl=False)
 
 
-def baseline_problem(doc: dict, where: str, size: int) -> str | None:
+def not_a_baseline(doc: dict, where: str, size: int) -> str | None:
     """Why a parsed report is no baseline: a run that failed, stopped early or trained nothing; too large."""
     if doc.get("error") or doc.get("partial") or doc.get("stopped_early"):
         why = doc.get("error") or doc.get("stopped_early") or f"{doc.get('completed')} of {doc.get('planned')} rollouts"
