@@ -18,7 +18,8 @@ def report(losses, grad_norms=None, **top):
     grad_norms = grad_norms or [1.0] * len(losses)
     doc = {"job": "release", "started_at": "2026-11-30T22:00:00Z", "partial": False, "completed": len(losses),
            "planned": len(losses), "error": None, "environment": ENV,
-           "rollouts": [{"rollout_id": i, "loss": x, "grad_norm": g} for i, (x, g) in enumerate(zip(losses, grad_norms))]}
+           "rollouts": [{"rollout_id": i, "loss": x, "grad_norm": g}
+                        for i, (x, g) in enumerate(zip(losses, grad_norms))]}
     doc.update(top)
     return doc
 

@@ -1253,7 +1253,10 @@ class Condition(_Model):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
-    type: str = _desc("Condition type: Ready, Reconciling, Stalled, SpecValid, DumpsVerified, ClusterReady; ExpectationsMet with spec.expect.")
+    type: str = _desc(
+        "Condition type: Ready, Reconciling, Stalled, SpecValid, DumpsVerified, ClusterReady; ExpectationsMet with "
+        "spec.expect."
+    )
     status: Literal["True", "False", "Unknown"] = _desc("True, False or Unknown.")
     reason: str = Field(default="", description="One-word CamelCase reason.")
     message: str = Field(default="", description="Human-readable details.")

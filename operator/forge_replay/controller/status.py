@@ -8,6 +8,8 @@ Conditions are written for kstatus (Flux) and Argo CD health checks:
 - ``Reconciling``: True while work is in progress (pending, verifying, launching, running).
 - ``Stalled``: True when the job failed or a change cannot be applied (the desired state is unreachable).
 - ``SpecValid``, ``DumpsVerified``, ``ClusterReady``: what stands between the spec and a running job.
+- ``ExpectationsMet`` (with ``spec.expect``): the verdict the runtime recorded (``status.expectations``); False fails
+  the job with reason ``ExpectationsNotMet`` and the first failure.
 
 A KubeRay ``Complete`` with a ``jobStatus`` other than ``SUCCEEDED`` is a failure.
 """
