@@ -232,3 +232,25 @@ def test_entrypoint_runs_a_runtime_config_file_like_the_operator_mounts(tmp_path
 
     (tmp_path / "bad.yaml").write_text("job: {kind: ForgeReplayJob}\n")
     assert main(["--config", str(tmp_path / "bad.yaml")]) == 2
+
+
+def test_vlm_samples_train_their_text_and_the_run_says_once_that_it_ignored_their_images(tmp_path, caplog):
+    """The builtin trainer trains a VLM sample's tokens; it says once (log) and counts (report) the samples whose
+    images and pixel_values it ignored, never failing silently (issue 14)."""
+    import torch
+
+    from tests.doubles import upstream_types as up
+
+    root = tmp_path / "dumps"
+    dicts = [s.to_dict() for s in write_dump(root / "rollout_0.pt", 0)]
+    with up.upstream_modules():  # written as slime writes a VLM rollout: PIL images by class, bf16 pixel_values
+        for d in dicts[:3]:
+            d["multimodal_inputs"] = {"images": [up.rgb_image(4, 4)], "videos": None}
+            d["multimodal_train_inputs"] = {"pixel_values": torch.ones(4, 8, dtype=torch.bfloat16)}
+        torch.save({"rollout_id": 0, "samples": dicts}, root / "rollout_0.pt")
+    with caplog.at_level("WARNING", logger="forge_replay.runtime.driver"):
+        report = run_job(config_for(job_doc("vlm", "rollout_0.pt", 2), root, tmp_path / "out"), show_progress=False)
+    assert [r.multimodal_ignored_samples for r in report.rollouts] == [3, 3]
+    assert report.summary["multimodal_ignored_samples"] == 6 and all(math.isfinite(r.loss) for r in report.rollouts)
+    said = [r.getMessage() for r in caplog.records if "multimodal inputs" in r.getMessage()]
+    assert len(said) == 1 and "3 sample(s)" in said[0], said

@@ -29,10 +29,11 @@ def rank_result(rank, loss_sum, loss_tokens, rss, allocated=None):
     }
 
 
-def batch(rollout_id, fallback=False, masked_out=0, rollout_id_mismatch=""):
+def batch(rollout_id, fallback=False, masked_out=0, rollout_id_mismatch="", multimodal_ignored=0):
     return SimpleNamespace(rollout_id=rollout_id, num_samples=8, fallback_used=fallback,
                            path=f"/d/rollout_{0 if fallback else rollout_id}.pt", reward_mean=0.5,
-                           masked_out=masked_out, rollout_id_mismatch=rollout_id_mismatch)
+                           masked_out=masked_out, rollout_id_mismatch=rollout_id_mismatch,
+                           multimodal_ignored=multimodal_ignored)
 
 
 def make_report(on_gpu=False):
@@ -168,3 +169,19 @@ def test_the_table_fits_80_columns(on_gpu):
     rows = [line for line in table.splitlines() if line.strip()]
     assert max(len(line) for line in rows) <= 80
     assert len(rows) == 1 + 1 + 1 + len(report.rollouts), table  # title, one header line, rule, one line per step
+
+
+def test_vlm_samples_trained_as_text_are_counted_and_said():
+    """The builtin trainer trains a VLM sample's tokens; the report counts the samples whose images it ignored (issue 14)."""
+    from rich.console import Console
+
+    report = make_report()
+    ranks = [rank_result(0, -3.0, 30, 1.0), rank_result(1, -1.0, 10, 1.0)]
+    report.rollouts.append(combine_rank_results(3, batch(3, multimodal_ignored=5), ranks, 0.01, 1.0))
+    report.rollouts.append(combine_rank_results(4, batch(4, multimodal_ignored=2), ranks, 0.01, 1.0))
+    report.summary = summarize(report.rollouts, report.evals, 3.0)
+    assert [r.multimodal_ignored_samples for r in report.rollouts] == [0, 0, 0, 5, 2]
+    assert report.summary["multimodal_ignored_samples"] == 7
+    console = Console(record=True, width=120)
+    console.print(render_table(report))
+    assert "multimodal inputs ignored in 7 sample(s)" in console.export_text()

@@ -304,7 +304,7 @@ def pack(
                 continue
             try:
                 blob = load_raw(src, limits)
-                write_packed(dst, blob["rollout_id"], blob["samples"])
+                write_packed(dst, blob["rollout_id"], blob["samples"], blob.get("metadata"))
                 del blob
                 # A fresh read of both files from disk, compared strictly: the check trusts no memory.
                 if not no_check and not identical(load_packed_raw(dst, limits), load_raw(src, limits)):

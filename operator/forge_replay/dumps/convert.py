@@ -61,6 +61,7 @@ class TrainData:
     rollout_ids: list[int | None]
     group_ids: list[int]
     masked_out: int = 0  # samples whose loss mask is all zeros (counted: slime accepts them)
+    multimodal_ignored: int = 0  # samples with images / pixel_values: their tokens train, the rest is ignored
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -248,6 +249,7 @@ def to_train_data(
         rollout_ids=rollout_ids,
         group_ids=group_ids,
         masked_out=masked_out,
+        multimodal_ignored=sum(1 for sample in samples if sample.has_multimodal_inputs()),
     )
 
 

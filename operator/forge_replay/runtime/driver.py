@@ -216,6 +216,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         if eval_first is not None:  # slime: eval 0 (eval_0) before training, with the engines up
             starting(f"eval {eval_first} before the first step")
             report.evals.append(ray.get(manager.evaluate.remote(eval_first, before_train=True)))
+        multimodal_said = False  # the builtin trainer says once that it trains VLM samples' text only
         with progress:
             for step, rollout_id in enumerate(rollout_ids):
                 if step == 0:
@@ -234,6 +235,11 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                     log.warning("rollout %d (%s): %s", rollout_id, batch.path, "; ".join(filter(None, (
                         batch.rollout_id_mismatch,
                         f"{batch.masked_out} sample(s) with an all-zero loss mask" if batch.masked_out else ""))))
+                if batch.multimodal_ignored and not multimodal_said:
+                    multimodal_said = True
+                    log.warning("rollout %d (%s): %d sample(s) hold multimodal inputs (images, pixel_values); the builtin"
+                                " trainer trains their text tokens and ignores the rest (said once; the report counts"
+                                " multimodal_ignored_samples)", rollout_id, batch.path, batch.multimodal_ignored)
                 if step == 0:
                     starting("step 1: training")
                 began = time.perf_counter()

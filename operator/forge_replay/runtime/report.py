@@ -42,6 +42,8 @@ class RolloutRecord:
     """Samples whose loss mask is all zeros: slime accepts them, they add no loss token."""
     rollout_id_mismatch: str | None = None
     """Why the dump's own rollout_id is not the rollout its file stands for (slime never reads it); None when it is."""
+    multimodal_ignored_samples: int = 0
+    """Samples with multimodal inputs (VLM images, pixel_values) of which the builtin trainer trained the tokens only."""
 
 
 @dataclass
@@ -121,6 +123,7 @@ def combine_rank_results(step: int, batch, rank_results: list[dict], data_wait_s
         memory=sorted((r["memory"] for r in rank_results), key=lambda m: m["rank"]),
         masked_out_samples=batch.masked_out,
         rollout_id_mismatch=batch.rollout_id_mismatch or None,
+        multimodal_ignored_samples=batch.multimodal_ignored,
     )
 
 
@@ -191,6 +194,7 @@ def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_fir
         "fallbacks": sum(r.fallback_used for r in records),
         "fallback_rollout_ids": [r.rollout_id for r in records if r.fallback_used],
         "masked_out_samples": sum(r.masked_out_samples for r in records),
+        "multimodal_ignored_samples": sum(r.multimodal_ignored_samples for r in records),
         "rollout_id_mismatches": len(mismatched),
         "rollout_id_mismatch_rollout_ids": mismatched,
         "all_losses_finite": all(math.isfinite(x) for x in losses),
@@ -321,6 +325,9 @@ def render_table(report: RunReport):
     if s.get("masked_out_samples"):  # data slime accepts, named with the rollouts that held it
         masked = [r.rollout_id for r in report.rollouts if r.masked_out_samples]
         lines.append(f"samples with an all-zero loss mask {s['masked_out_samples']} (rollouts {masked}: no loss token)")
+    if s.get("multimodal_ignored_samples"):
+        lines.append(f"multimodal inputs ignored in {s['multimodal_ignored_samples']} sample(s): the builtin trainer"
+                     " trained their text tokens only")
     if s.get("rollout_id_mismatches"):
         lines.append(f"rollout_id mismatches {s['rollout_id_mismatches']} "
                      f"(rollouts {s['rollout_id_mismatch_rollout_ids']}: the dump's rollout_id is not its file's)")

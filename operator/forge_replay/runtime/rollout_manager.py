@@ -47,6 +47,8 @@ class RolloutBatch:
     """Samples whose loss mask is all zeros (slime accepts them; they add no loss token)."""
     rollout_id_mismatch: str = ""
     """A note when the dump's own rollout_id is not the rollout its file stands for (slime never reads it)."""
+    multimodal_ignored: int = 0
+    """Samples with multimodal inputs (VLM images, pixel_values): the builtin trainer trains their tokens only."""
 
 
 def forge_prerequisite_problem(engine_command: str | None) -> str | None:
@@ -183,6 +185,7 @@ class RolloutManager:
             load_seconds=time.perf_counter() - started,
             rank_batches=rank_batches,
             masked_out=data.masked_out,
+            multimodal_ignored=data.multimodal_ignored,
             rollout_id_mismatch=rollout_id_note(replayed.dump_rollout_id, replayed.file_rollout_id)
             if replayed.dump_rollout_id is not None else "",
         )
