@@ -153,8 +153,11 @@ def quiet_local_ray() -> None:
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--baseline", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="The baseline report.json of spec.expect.baseline, in place of its ConfigMap or PVC.")
+@click.option("--trainer-root", type=click.Path(file_okay=False, exists=True), default=None,
+              help="backend slime / miles: local folder standing in for spec.trainer.workingDir (the team's script).")
 def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
-        synth_missing: bool, engine_command: str | None, no_progress: bool, baseline: str | None = None) -> None:
+        synth_missing: bool, engine_command: str | None, no_progress: bool, baseline: str | None = None,
+        trainer_root: str | None = None) -> None:
     """Validate FILE (one ForgeReplayJob) and replay it on a local Ray on this machine.
 
     The PVC paths of the spec are mapped to local folders (--dumps-root, --model-root). Writes
@@ -173,7 +176,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     for signum in (signal.SIGINT, signal.SIGTERM):  # from the first moment: imports, synthesis, Ray's start
         signal.signal(signum, _stop_run)
     try:
-        _run(file, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress, baseline)
+        _run(file, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress, baseline,
+             trainer_root)
     except KeyboardInterrupt:  # before the replay started (after, _replay says how it stopped)
         code = 143 if _STOPPED_BY and _STOPPED_BY[0] == signal.SIGTERM else 130
         click.echo(f"forge-replay run {file}: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'} "
@@ -182,7 +186,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
 
 
 def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
-         synth_missing: bool, engine_command: str | None, no_progress: bool, baseline: str | None = None) -> None:
+         synth_missing: bool, engine_command: str | None, no_progress: bool, baseline: str | None = None,
+         trainer_root: str | None = None) -> None:
     err = lambda msg: click.echo(msg, err=True)  # noqa: E731
     try:
         job = load_one_job(file)
@@ -195,6 +200,10 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
     results_dir = results_dir or os.path.join("results", name)
     if model_root is None and spec.model.path:
         model_root = os.path.join(LOCAL_STATE, "models", spec.model.claim_name or "")
+    if spec.trainer.backend != "builtin" or trainer_root:  # slime / miles: the team's script as a local Ray job
+        from forge_replay.backends.local import run_cli
+
+        sys.exit(run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err))
 
     if spec.replay.mode == "forge":  # fail fast, before any dump is synthesized or Ray started
         from forge_replay.runtime.rollout_manager import forge_prerequisite_problem

@@ -1,0 +1,162 @@
+"""``forge-replay run FILE --trainer-root DIR`` for backend slime / miles: the team's script as a Ray job on a local Ray.
+
+``workingDir`` maps to DIR, the dumps claim to the local dumps root; the entrypoint and the runtime env are the
+operator's (backends.launch), with this machine's forge_replay on PYTHONPATH in place of the init container's copy.
+The job's output is printed as it comes and kept in ``<results>/trainer.log``; ``<results>/job.json`` records the
+entrypoint, the Ray job id and how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from forge_replay.backends import launch
+
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def package_root() -> str:
+    """The folder holding this forge_replay package (what the init container's volume holds in a pod)."""
+    return str(Path(__file__).resolve().parent.parent.parent)
+
+
+def local_plan(spec: Any, trainer_root: str, dumps_root: str) -> dict[str, Any]:
+    """The entrypoint and runtime env of a local run: pure, so a test can read what would be run."""
+    return {
+        "entrypoint": launch.entrypoint(spec, os.path.abspath(dumps_root), working_dir=os.path.abspath(trainer_root)),
+        "runtime_env": {"env_vars": launch.env_vars(spec, forge_lib=package_root())},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+PORT_OPTIONS = (
+    "--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+    "--metrics-export-port", "--node-manager-port", "--object-manager-port", "--runtime-env-agent-port",
+    "--ray-client-server-port",
+)  # fmt: skip
+"""Every fixed port of a Ray head, given a free one: another Ray on this machine (a default port) cannot collide."""
+
+
+class LocalHead:
+    """``ray start --head --block`` in a session of its own, on free ports; :meth:`stop` ends that session."""
+
+    def __init__(self, num_cpus: int, log_path: str):
+        self.ports = {option: _free_port() for option in PORT_OPTIONS}
+        self.dashboard = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
+        argv = ["ray", "start", "--head", "--block", "--num-cpus", str(num_cpus), "--include-dashboard=true",
+                "--dashboard-host", "127.0.0.1", "--disable-usage-stats"]
+        for option, port in self.ports.items():
+            argv += [option, str(port)]
+        self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        try:  # whatever Ray left in the session
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+
+def _submit(head: LocalHead, plan: dict[str, Any], wait_s: float = 180.0) -> tuple[Any, str]:
+    """A client of ``head`` and the submitted job's id, once the head's dashboard and agent answer."""
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        if head.process.poll() is not None:
+            raise RuntimeError(f"the local Ray head exited ({head.process.returncode}); see ray-head.log")
+        try:
+            client = JobSubmissionClient(head.dashboard)
+            return client, client.submit_job(entrypoint=plan["entrypoint"], runtime_env=plan["runtime_env"])
+        except (ConnectionError, RuntimeError) as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the local Ray's job server did not take the job in {wait_s:.0f} s: {exc}") from exc
+            time.sleep(1.0)
+
+
+def run_local(spec: Any, trainer_root: str, dumps_root: str, results_dir: str, echo: Callable[[str], None],
+              poll_s: float = 0.5) -> str:
+    """Run the team's script as a Ray job on a new local Ray head; returns the job's final status (SUCCEEDED, ...)."""
+    plan = local_plan(spec, trainer_root, dumps_root)
+    os.makedirs(results_dir, exist_ok=True)
+    cpus = max(2, spec.trainer.nodes)
+    echo(f"starting a local Ray ({cpus} CPUs), then {spec.trainer.backend}'s {spec.trainer.script} as a Ray job")
+    head = LocalHead(cpus, os.path.join(results_dir, "ray-head.log"))
+    try:
+        client, job_id = _submit(head, plan)
+        echo(f"Ray job {job_id}: {plan['entrypoint']}")
+        shown, status = 0, "PENDING"
+        with open(os.path.join(results_dir, "trainer.log"), "w", encoding="utf-8") as log:
+            while True:
+                status = str(client.get_job_status(job_id).value)
+                logs = client.get_job_logs(job_id)
+                if len(logs) > shown:
+                    echo(logs[shown:].rstrip("\n"))
+                    log.write(logs[shown:])
+                    log.flush()
+                    shown = len(logs)
+                if status in TERMINAL:
+                    break
+                time.sleep(poll_s)
+        info = client.get_job_info(job_id)
+        record = {"backend": spec.trainer.backend, "jobId": job_id, "status": status, "message": info.message,
+                  **plan}
+        Path(results_dir, "job.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        return status
+    finally:
+        head.stop()
+
+
+def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, results_dir: str, synth_missing: bool,
+            err: Callable[[str], None]) -> int:
+    """``forge-replay run`` for a slime / miles job: its exit status (0 succeeded, 1 failed, 2 unusable input)."""
+    from forge_replay.runtime.cli import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, _Unusable, synthesize_if_absent
+
+    spec = job.spec
+    if spec.trainer.backend == "builtin":
+        err(f"{file}: --trainer-root runs a slime or miles script; spec.trainer.backend is builtin")
+        return EXIT_UNUSABLE
+    if not trainer_root:
+        err(f"{file}: backend {spec.trainer.backend} runs the team's {spec.trainer.script}: pass --trainer-root DIR, "
+            f"the local folder standing in for spec.trainer.workingDir ({spec.trainer.working_dir})")
+        return EXIT_UNUSABLE
+    script = Path(trainer_root, spec.trainer.script)
+    if not script.is_file():
+        err(f"{file}: {script} does not exist (spec.trainer.script under --trainer-root)")
+        return EXIT_UNUSABLE
+    if synth_missing:
+        try:
+            synthesize_if_absent(job, dumps_root, err)
+        except _Unusable as exc:
+            err(f"{file}: {exc}")
+            return EXIT_UNUSABLE
+    elif not Path(dumps_root).is_dir():
+        err(f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing")
+        return EXIT_FAILED
+    if spec.replay.loader == "upstream":
+        err(f"{file}: loader upstream: slime unpickles the dumps with torch.load(weights_only=False), which runs "
+            "any code a dump carries; use it only on dumps you wrote")
+    status = run_local(spec, trainer_root, dumps_root, results_dir, err)
+    err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; its log and job.json in {results_dir}")
+    return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED

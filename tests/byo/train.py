@@ -1,0 +1,102 @@
+"""Stand-in for a team's slime / miles ``train.py`` (neither can be installed here): what they do with the flags.
+
+Follows, without their code:
+- THUDM/slime@624b824a ``train.py``: ``for rollout_id in range(args.start_rollout_id, args.num_rollout)`` asks
+  the rollout function for rollout_id's data and trains on it; eval when ``(rollout_id + 1) % eval_interval == 0``
+  (``should_run_periodic_action``). slime's parser ignores flags it does not declare (``parse_known_args``).
+- radixark/miles@31f1ca96 ``miles/utils/arguments.py`` (``add_user_provided_function_arguments``): the rollout
+  function named by ``--rollout-function-path`` is loaded and its ``add_arguments(parser)`` called before a strict
+  parse: an unknown flag is an error.
+
+The parser holds a strict subset of the backend's options, read from forge-replay's flag table of that backend
+(``forge_replay/backends/<backend>_flags.json``, itself read from upstream's arguments.py): the options forge-replay
+injects, plus ``--stand-in-backend`` and ``--stand-in-report`` of this stand-in. It calls the rollout function with
+a namespace of the parsed args, as slime's RolloutManager does, and reports what it got: one JSON line per call on
+stdout, and the whole report in --stand-in-report FILE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from forge_replay.backends import BACKEND_INJECTED, flag_table
+
+TYPES = {"int": int, "str": str, "float": float}
+
+
+def parser_for(backend: str) -> argparse.ArgumentParser:
+    """The backend's injected options as its arguments.py declares them (type, action, nargs, choices)."""
+    parser = argparse.ArgumentParser(prog=f"train.py ({backend} stand-in)", allow_abbrev=False)
+    parser.add_argument("--stand-in-backend", choices=["slime", "miles"], required=True)
+    parser.add_argument("--stand-in-report", default=None)
+    table = flag_table(backend)
+    for flag in BACKEND_INJECTED[backend]:
+        row = table.options.get(flag)
+        if row is None:  # miles: --load-forge-rollout-data comes from the rollout function's add_arguments
+            continue
+        kwargs: dict = {"dest": row["dest"]}
+        if "action" in row:
+            kwargs["action"] = row["action"]
+        if "type" in row:
+            kwargs["type"] = TYPES[row["type"]]
+        if "nargs" in row:
+            kwargs["nargs"] = row["nargs"]
+        if "choices" in row:
+            kwargs["choices"] = row["choices"]
+        parser.add_argument(flag, **kwargs)
+    return parser
+
+
+def load_function(path: str):
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    backend = "miles" if "--stand-in-backend=miles" in argv or ["--stand-in-backend", "miles"] in [
+        argv[i:i + 2] for i in range(len(argv))] else "slime"
+    parser = parser_for(backend)
+    if backend == "slime":
+        args, _unknown = parser.parse_known_args(argv)  # slime drops flags it does not declare
+        return args
+    known, _ = parser.parse_known_args(argv)
+    if known.rollout_function_path:
+        fn = load_function(known.rollout_function_path)
+        if callable(getattr(fn, "add_arguments", None)):
+            fn.add_arguments(parser)
+    return parser.parse_args(argv)  # miles: strict
+
+
+def summary(output) -> dict:
+    if hasattr(output, "samples"):
+        samples = output.samples
+        return {"samples": len(samples), "rollout_ids": sorted({s.rollout_id for s in samples}),
+                "metrics": output.metrics or {}}
+    return {"eval": sorted(output.data), "metrics": output.metrics or {}}
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    report = {"backend": args.stand_in_backend, "args": {k: v for k, v in vars(args).items() if k != "stand_in_report"},
+              "train": [], "eval": []}
+    train_fn = load_function(args.rollout_function_path)
+    eval_fn = load_function(args.eval_function_path) if getattr(args, "eval_function_path", None) else None
+    for rollout_id in range(args.start_rollout_id, args.num_rollout):
+        got = {"rollout_id": rollout_id, **summary(train_fn(args, rollout_id, None))}
+        report["train"].append(got)
+        print("stand-in train " + json.dumps(got, sort_keys=True), flush=True)
+        if eval_fn and args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
+            got = {"rollout_id": rollout_id, **summary(eval_fn(args, rollout_id, None, evaluation=True))}
+            report["eval"].append(got)
+            print("stand-in eval " + json.dumps(got, sort_keys=True), flush=True)
+    if args.stand_in_report:
+        with open(args.stand_in_report, "w", encoding="utf-8") as out:
+            json.dump(report, out, sort_keys=True, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,48 @@
+"""`forge-replay run FILE --trainer-root DIR` (issue 15): a miles job's script runs as a Ray job on a local Ray, with
+the operator's entrypoint and runtime env; the stand-in train.py (tests/byo, strict like miles) reports what the
+injected flags and forge-replay's rollout function gave it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+STAND_IN = Path(__file__).resolve().parent.parent / "byo"
+
+
+def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_path) -> None:
+    report = tmp_path / "stand-in.json"
+    job = {
+        "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "byo-miles"},
+        "spec": {
+            "replay": {"mode": "debug", "numRollouts": 3, "startRolloutId": 1, "evalInterval": 2,
+                       "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt", "fallbackToFirst": False}},
+            "model": {"config": {"hidden_size": 8}},
+            "trainer": {"backend": "miles", "image": "team/miles:v1", "workingDir": "/root/miles", "gpusPerNode": 0,
+                        "args": ["--stand-in-backend", "miles", "--stand-in-report", str(report)]},
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    done = subprocess.run(
+        [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--synth-missing", "--trainer-root",
+         str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(report.read_text())
+    # rollouts start..start+N (--num-rollout is an end bound), each from its own dump, samples keep their rollout_id
+    assert [(r["rollout_id"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"]) for r in got["train"]] == [
+        (1, [1], 0), (2, [2], 0), (3, [3], 0)]
+    assert all(r["samples"] > 0 for r in got["train"])
+    assert [(e["rollout_id"], e["eval"]) for e in got["eval"]] == [(1, ["forge_eval"]), (3, ["forge_eval"])]
+    args = got["args"]
+    assert (args["debug_train_only"], args["num_rollout"], args["start_rollout_id"]) == (True, 4, 1)
+    assert args["load_forge_rollout_data"] == str(tmp_path / "dumps" / "run" / "rollout_{rollout_id}.pt")
+    assert args["forge_replay_fallback_to_first"] is False  # through generate_rollout.add_arguments, as miles does
+    record = json.loads((tmp_path / "results" / "job.json").read_text())
+    assert record["status"] == "SUCCEEDED" and record["entrypoint"].startswith(f"cd {STAND_IN} && python3 train.py ")
+    assert "stand-in train" in (tmp_path / "results" / "trainer.log").read_text()
