@@ -18,7 +18,7 @@ from forge_replay.dumps import DumpError, load, load_raw, safe_load
 from forge_replay.dumps.inert import DumpImage, DumpRecord, find_inert, revive
 from forge_replay.dumps.packed import identical, load_packed_raw, write_packed
 from forge_replay.dumps.safe_pickle import Refused
-from forge_replay.dumps.summary import summarize
+from forge_replay.dumps.summary import render_text, summarize
 from tests.doubles import upstream_types as up
 
 
@@ -262,6 +262,9 @@ def test_inspect_summarizes_miles_and_vlm_dumps(tmp_path):
     vlm, _ = _vlm(tmp_path)
     summary = summarize(load(vlm))
     assert summary["optional_fields"]["multimodal_inputs"] == 4 and summary["problem"] is None
+    assert summary["multimodal_samples"] == 4
+    assert "multimodal inputs: 4 sample(s) (the builtin trainer trains their text tokens only)" in render_text(summary)
+    assert summarize(load(path))["multimodal_samples"] == 0 and "multimodal" not in render_text(summarize(load(path)))
 
 
 

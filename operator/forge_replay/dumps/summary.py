@@ -125,6 +125,7 @@ def summarize(dump: Dump) -> dict[str, Any]:
             name: sum(1 for s in samples if _present(getattr(s, name))) for name in OPTIONAL_FIELDS
         },
         "extra_fields": extras,
+        "multimodal_samples": sum(1 for s in samples if s.has_multimodal_inputs()),
         "problem": problem,
     }
 
@@ -161,5 +162,8 @@ def render_text(summary: dict[str, Any]) -> str:
     lines.append(f"extra fields     {summary['extra_fields'] or 'none'}")
     if summary["masked_out_samples"]:
         lines.append(f"all-zero loss masks: {summary['masked_out_samples']} sample(s)")
+    if summary["multimodal_samples"]:
+        lines.append(f"multimodal inputs: {summary['multimodal_samples']} sample(s) (the builtin trainer trains their"
+                     " text tokens only)")
     lines.append(f"training would refuse it: {summary['problem']}" if summary["problem"] else "training checks: ok")
     return "\n".join(lines)
