@@ -269,18 +269,3 @@ def revive(value: Any, seen: dict[int, Any] | None = None) -> Any:
         return value if all(new is old for new, old in zip(items, value)) else type(value)(items)
     return value
 
-
-def find_inert(value: Any, kind: type) -> list[Any]:
-    """Every instance of ``kind`` inside ``value`` (dicts, lists, tuples), in order; for callers that must
-    notice images or records (the trainer says it ignored multimodal inputs)."""
-    found: list[Any] = []
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, kind):
-            found.append(item)
-        elif isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, (list, tuple)):
-            stack.extend(reversed(item))
-    return found
