@@ -248,3 +248,21 @@ def test_worker_group_counts() -> None:
     assert (worker_gpus(spec), worker_nodes(spec)) == (32, 4)
     debug = parse_job(byo("miles", "debug", spec__trainer__nodes=3)).spec
     assert (worker_gpus(debug), worker_nodes(debug)) == (24, 3)
+
+
+def test_validate_says_the_upstream_loader_unpickles(tmp_path) -> None:
+    import io
+
+    import yaml
+
+    from forge_replay.api.cli import validate_files
+
+    outputs = {}
+    for loader in ("upstream", "forgeReplay"):
+        path = tmp_path / f"{loader}.yaml"
+        path.write_text(yaml.safe_dump(byo("slime", "debug", spec__replay__loader=loader)))
+        out = io.StringIO()
+        assert validate_files([str(path)], out) == 0
+        outputs[loader] = out.getvalue()
+    assert "torch.load(weights_only=False)" in outputs["upstream"]
+    assert "note:" not in outputs["forgeReplay"]

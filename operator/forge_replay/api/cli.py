@@ -63,7 +63,15 @@ def validate_files(files: list[str], out=None) -> int:
             else:
                 print(f"{where}: ok ({job.metadata.name or job.metadata.generate_name}, {job.spec.replay.mode} mode)",
                       file=out)
+                if job.spec.replay.loader == "upstream":
+                    print(f"{where}: note: {UPSTREAM_LOADER_NOTE}", file=out)
     return worst
+
+
+UPSTREAM_LOADER_NOTE = (
+    "spec.replay.loader upstream: slime's own loaders unpickle the dumps with torch.load(weights_only=False), "
+    "which runs any code a dump carries; use it only on dumps you wrote (forgeReplay loads them safely)"
+)
 
 
 @click.command()

@@ -155,8 +155,9 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
         err(f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing")
         return EXIT_FAILED
     if spec.replay.loader == "upstream":
-        err(f"{file}: loader upstream: slime unpickles the dumps with torch.load(weights_only=False), which runs "
-            "any code a dump carries; use it only on dumps you wrote")
+        from forge_replay.api.cli import UPSTREAM_LOADER_NOTE
+
+        err(f"{file}: note: {UPSTREAM_LOADER_NOTE}")
     status = run_local(spec, trainer_root, dumps_root, results_dir, err)
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; its log and job.json in {results_dir}")
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
