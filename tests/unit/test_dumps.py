@@ -302,6 +302,19 @@ def test_verify_reports_ok_fallback_missing_unreadable(tmp_path):
     json.dumps(strict.to_dict())
 
 
+def test_verify_checks_the_eval_before_the_first_step(tmp_path):
+    write_synth_dumps(str(tmp_path / "r_{rollout_id}.pt"), 4, 1, 2, 2, 2, eval_ids=[1, 3])
+    (tmp_path / "r_eval_1.pt").rename(tmp_path / "r_eval_0.pt")
+    evals = lambda **kw: [(c.rollout_id, c.status) for c in verify_dumps(  # noqa: E731
+        str(tmp_path), "r_{rollout_id}.pt", 4, eval_interval=2, **kw).checks if c.kind == "eval"]
+    assert evals() == [(1, "missing"), (3, "ok")]
+    assert evals(eval_before_train=True) == [(0, "ok"), (1, "missing"), (3, "ok")]
+    # slime evaluates before training only in a run that starts at rollout 0
+    shifted = verify_dumps(str(tmp_path), "r_{rollout_id}.pt", 2, start_rollout_id=2, eval_interval=2,
+                           eval_before_train=True)
+    assert [c.rollout_id for c in shifted.checks if c.kind == "eval"] == [3]
+
+
 def test_verify_literal_path_and_bad_inputs(tmp_path):
     write_synth_dumps(str(tmp_path / "only.pt"), 1, 1, 1, 1, 1)
     report = verify_dumps(str(tmp_path), "only.pt", 5)

@@ -257,6 +257,17 @@ def test_verify_command_is_accepted_by_the_dumps_cli(case: str, tmp_path) -> Non
     assert ctx.params["no_fallback"] is (not _job(case).spec.replay.dumps.fallback_to_first)
 
 
+def test_verify_command_checks_the_eval_before_the_first_step(tmp_path) -> None:
+    """With replay.evalBeforeTrain the verify Job checks eval_0 too, as `forge-replay run` does before Ray."""
+    from forge_replay.dumps.cli import dumps
+
+    doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
+    assert "--eval-before-train" not in verify_command(parse_job(doc))
+    doc["spec"]["replay"].update(evalInterval=4, evalBeforeTrain=True)
+    args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in verify_command(parse_job(doc))[3:]]
+    assert dumps.get_command(None, "verify").make_context("verify", args).params["eval_before_train"] is True
+
+
 def _pod_specs(objects):
     """(where, pod template) for every pod the job creates: verify Job, head, each worker group, submitter."""
     out = []

@@ -163,6 +163,8 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
         command += ["--start-rollout-id", str(replay.start_rollout_id)]
     if replay.eval_interval:
         command += ["--eval-interval", str(replay.eval_interval)]
+    if replay.eval_before_train:
+        command.append("--eval-before-train")
     if not replay.dumps.fallback_to_first:
         command.append("--no-fallback")
     # The job's settings, so every train dump goes through the trainer's own conversion (dumps/convert.Conversion):

@@ -108,6 +108,8 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
 @click.option("--num-rollouts", type=click.IntRange(min=1), required=True)
 @click.option("--start-rollout-id", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--eval-interval", type=click.IntRange(min=0), default=0, show_default=True, help="0 = no eval.")
+@click.option("--eval-before-train", is_flag=True,
+              help="The eval before the first step is replayed too (replay.evalBeforeTrain): check eval_0.")
 @click.option("--root", type=click.Path(file_okay=False), default=None, help="Directory the path is relative to.")
 @click.option("--no-fallback", is_flag=True, help="A missing train dump is a problem, not a fallback to rollout 0.")
 @click.option("--reward-key", default=None, help="Check dict rewards' value under this key too (replay.rewardKey).")
@@ -128,6 +130,7 @@ def verify(
     num_rollouts: int,
     start_rollout_id: int,
     eval_interval: int,
+    eval_before_train: bool,
     root: str | None,
     no_fallback: bool,
     reward_key: str | None,
@@ -176,6 +179,7 @@ def verify(
             num_rollouts,
             start_rollout_id=start_rollout_id,
             eval_interval=eval_interval,
+            eval_before_train=eval_before_train,
             fallback=not no_fallback,
             progress=not as_json,
             limits=_limits(limit_settings),

@@ -29,6 +29,15 @@ from forge_replay.dumps.sample import Sample, SampleError
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
 
+def replayed_eval_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int, eval_before_train: bool) -> list[int]:
+    """Every eval a run replays, in order: the one before the first step (when asked for) and those after rollouts."""
+    from forge_replay.replay import eval_before_train_id
+
+    first = eval_before_train_id(start_rollout_id, eval_interval, eval_before_train)
+    after = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
+    return sorted(set(after) | ({first} if first is not None else set()))
+
+
 def eval_rollout_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int) -> list[int]:
     """Rollout ids after which eval N runs (reading ``eval_N``): ``(N + 1) % eval_interval == 0``, as slime."""
     if eval_interval <= 0:
@@ -178,6 +187,7 @@ def verify_dumps(
     num_rollouts: int,
     start_rollout_id: int = 0,
     eval_interval: int = 0,
+    eval_before_train: bool = False,
     fallback: bool = True,
     progress: bool = False,
     limits: Limits | None = None,
@@ -192,7 +202,8 @@ def verify_dumps(
     as a filesystem path; ``limits`` bound the work per file (default: :func:`~forge_replay.dumps.bounds.default_limits`).
     With ``conversion`` (the job's settings) every train dump is converted as the trainer converts it, and eval dumps'
     dict rewards are read under ``eval_reward_key`` or the job's reward key (a dict without a key is refused); without
-    it the per-sample checks run alone and dict rewards are checked only under ``reward_key``. ``notes`` (checks
+    it the per-sample checks run alone and dict rewards are checked only under ``reward_key``. With
+    ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too. ``notes`` (checks
     skipped, e.g. an unreadable model config) are carried into the report. Raises ValueError for an invalid template
     or counts.
     """
@@ -209,7 +220,7 @@ def verify_dumps(
         reward_key = conversion.reward_key
     loaded: dict[str, tuple[int | None, str, int | None, int | None]] = {}  # path -> (samples, error, id, masked)
     rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
-    eval_ids = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
+    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train)
 
     def check(path: str, kind: str) -> tuple[int | None, str, int | None, int | None]:
         if path not in loaded:

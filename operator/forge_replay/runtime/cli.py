@@ -62,7 +62,7 @@ def synthesize_if_absent(job, dumps_root: str, echo) -> list[str]:
     """
     from forge_replay.api.dump_path import is_template, train_path
     from forge_replay.dumps.synth import write_synth_dumps
-    from forge_replay.dumps.verify import eval_rollout_ids
+    from forge_replay.dumps.verify import replayed_eval_ids
 
     replay = job.spec.replay
     template = replay.dumps.path
@@ -72,7 +72,8 @@ def synthesize_if_absent(job, dumps_root: str, echo) -> list[str]:
         return []
     shape = synth_shape(job)
     start = replay.start_rollout_id if is_template(template) else 0
-    eval_ids = eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval)
+    eval_ids = replayed_eval_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval,
+                                 replay.eval_before_train)
     target = os.path.join(dumps_root, template)
     # the first dump tells how large they all are, before the disk fills up
     written = write_synth_dumps(target, 1, start_rollout_id=start, **shape)

@@ -376,7 +376,8 @@ def verify_or_raise(config, limits=None, note: str = "", progress: bool = False)
     replay = spec.replay
     result = verify_dumps(
         config.dumps_root, replay.dumps.path, replay.num_rollouts, start_rollout_id=replay.start_rollout_id,
-        eval_interval=replay.eval_interval, fallback=replay.dumps.fallback_to_first, progress=progress,
+        eval_interval=replay.eval_interval, eval_before_train=replay.eval_before_train,
+        fallback=replay.dumps.fallback_to_first, progress=progress,
         eval_reward_key=replay.eval_reward_key, conversion=Conversion.for_job(spec, limits or NO_LIMITS),
         notes=(note,) if note else (),
     )
