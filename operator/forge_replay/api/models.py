@@ -546,7 +546,7 @@ class ResultsSpec(_Model):
 
 ROLLOUT_METRICS = (
     "loss", "grad_norm", "clip_fraction", "reward_mean", "tokens", "loss_tokens", "num_samples", "micro_batches",
-    "masked_out_samples",
+    "masked_out_samples", "multimodal_ignored_samples",
 )
 """The per-rollout numeric fields of report.json a baseline can compare (the deterministic ones: step times
 and memory vary run to run)."""
