@@ -32,6 +32,9 @@ def parser_for(backend: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"train.py ({backend} stand-in)", allow_abbrev=False)
     parser.add_argument("--stand-in-backend", choices=["slime", "miles"], required=True)
     parser.add_argument("--stand-in-report", default=None)
+    parser.add_argument("--stand-in-train-mib", type=int, default=0,
+                        help="train each rollout in a Ray task that holds a torch tensor of this many MiB, as slime's "
+                        "actors train in Ray workers (where forge-replay's memory probe runs)")
     table = flag_table(backend)
     for flag in BACKEND_INJECTED[backend]:
         row = table.options.get(flag)
@@ -78,14 +81,36 @@ def summary(output) -> dict:
     return {"eval": sorted(output.data), "metrics": output.metrics or {}}
 
 
+def train_in_worker(mib: int, rollout_id: int) -> int:
+    """A Ray task standing in for a trainer rank's step: torch memory held for a moment in a Ray worker."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def step(size: int) -> int:
+        import time
+
+        import torch
+
+        held = torch.ones(size * 2**20, dtype=torch.uint8)
+        time.sleep(0.6)  # longer than the probe's interval in the tests
+        return int(held.sum())
+
+    if not ray.is_initialized():
+        ray.init()  # the Ray job's own cluster
+    return ray.get(step.remote(mib)) // 2**20
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    report = {"backend": args.stand_in_backend, "args": {k: v for k, v in vars(args).items() if k != "stand_in_report"},
+    report = {"backend": args.stand_in_backend,
+              "args": {k: v for k, v in vars(args).items() if not k.startswith("stand_in_")},
               "train": [], "eval": []}
     train_fn = load_function(args.rollout_function_path)
     eval_fn = load_function(args.eval_function_path) if getattr(args, "eval_function_path", None) else None
     for rollout_id in range(args.start_rollout_id, args.num_rollout):
         got = {"rollout_id": rollout_id, **summary(train_fn(args, rollout_id, None))}
+        if args.stand_in_train_mib:
+            got["trained_mib"] = train_in_worker(args.stand_in_train_mib, rollout_id)
         report["train"].append(got)
         print("stand-in train " + json.dumps(got, sort_keys=True), flush=True)
         if eval_fn and args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:

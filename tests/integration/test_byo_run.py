@@ -1,6 +1,6 @@
 """`forge-replay run FILE --trainer-root DIR` (issue 15): a miles job's script runs as a Ray job on a local Ray, with
 the operator's entrypoint and runtime env; the stand-in train.py (tests/byo, strict like miles) reports what the
-injected flags and forge-replay's rollout function gave it."""
+injected flags and forge-replay's rollout function gave it, and the memory probe records its Ray workers' peak."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
                        "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt", "fallbackToFirst": False}},
             "model": {"config": {"hidden_size": 8}},
             "trainer": {"backend": "miles", "image": "team/miles:v1", "workingDir": "/root/miles", "gpusPerNode": 0,
-                        "args": ["--stand-in-backend", "miles", "--stand-in-report", str(report)]},
+                        "args": ["--stand-in-backend", "miles", "--stand-in-report", str(report),
+                                 "--stand-in-train-mib", "96"],
+                        "env": {"FORGE_REPLAY_PROBE_INTERVAL_S": "0.1"}},
         },
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -37,7 +39,7 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     # rollouts start..start+N (--num-rollout is an end bound), each from its own dump, samples keep their rollout_id
     assert [(r["rollout_id"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"]) for r in got["train"]] == [
         (1, [1], 0), (2, [2], 0), (3, [3], 0)]
-    assert all(r["samples"] > 0 for r in got["train"])
+    assert all(r["samples"] > 0 and r["trained_mib"] == 96 for r in got["train"])
     assert [(e["rollout_id"], e["eval"]) for e in got["eval"]] == [(1, ["forge_eval"]), (3, ["forge_eval"])]
     args = got["args"]
     assert (args["debug_train_only"], args["num_rollout"], args["start_rollout_id"]) == (True, 4, 1)
@@ -46,3 +48,6 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     record = json.loads((tmp_path / "results" / "job.json").read_text())
     assert record["status"] == "SUCCEEDED" and record["entrypoint"].startswith(f"cd {STAND_IN} && python3 train.py ")
     assert "stand-in train" in (tmp_path / "results" / "trainer.log").read_text()
+    # the memory probe (Ray's worker_process_setup_hook) saw the Ray workers that held the torch tensors
+    peak = record["memory_peak"]
+    assert peak["source"] == "rss" and peak["peak_rss_gib"] >= 96 / 1024 and peak["pid"] > 0, peak

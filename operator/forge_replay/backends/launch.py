@@ -48,6 +48,13 @@ def runtime_env(spec: Any) -> dict[str, Any]:
     return {"env_vars": env_vars(spec)}
 
 
+def with_probe(env: dict[str, Any], probe_dir: str) -> dict[str, Any]:
+    """``env`` (a runtime env) with the memory probe started in every Ray worker, writing under ``probe_dir``."""
+    from forge_replay.backends.probe import HOOK, PROBE_DIR_ENV
+
+    return {**env, "worker_process_setup_hook": HOOK, "env_vars": {**env["env_vars"], PROBE_DIR_ENV: probe_dir}}
+
+
 COPY_PACKAGE = (
     "import os, shutil, forge_replay; "
     f"shutil.copytree(os.path.dirname(forge_replay.__file__), {FORGE_LIB_MOUNT + '/forge_replay'!r}, "
