@@ -53,7 +53,7 @@ def ray_with_gpus():
 
     started = not ray.is_initialized()
     if started:  # GPUs this machine lacks, so that GPU examples' actors are placed (they only build argv)
-        ray.init(num_cpus=2, num_gpus=16, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=2, num_gpus=16, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     if started:
         ray.shutdown()

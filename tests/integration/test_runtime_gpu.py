@@ -40,7 +40,7 @@ def test_debug_replay_on_gpus_reports_cuda_peaks_per_rank_and_snapshots(tmp_path
                            model_root=None)
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=4, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     try:
         report = run_job(config, show_progress=False)
     finally:
