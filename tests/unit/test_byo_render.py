@@ -16,9 +16,10 @@ import yaml
 from click.testing import CliRunner
 
 from forge_replay.api import parse_job
-from forge_replay.api.paths import DUMPS_MOUNT
+from forge_replay.api.paths import DUMPS_MOUNT, RESULTS_MOUNT
 from forge_replay.backends import injected_argv, worker_nodes
 from forge_replay.backends.launch import FORGE_LIB_MOUNT
+from forge_replay.backends.probe import HOOK, PROBE_DIR_ENV
 from forge_replay.controller.cli import objects_yaml, render as render_command
 from forge_replay.controller.render import render
 from forge_replay.controller.settings import OperatorSettings
@@ -102,7 +103,16 @@ def test_team_env_overrides_the_defaults_but_keeps_forge_replay_importable() -> 
     assert env["PYTHONPATH"] == f"/opt/team/Megatron-LM:{FORGE_LIB_MOUNT}"
     slime = json.loads(_ray_job("slime-forge")["spec"]["runtimeEnvYAML"])["env_vars"]
     assert slime == {"PYTHONPATH": f"/root/Megatron-LM/:{FORGE_LIB_MOUNT}", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-                     "NCCL_NVLS_ENABLE": "1"}
+                     "NCCL_NVLS_ENABLE": "1", PROBE_DIR_ENV: f"{RESULTS_MOUNT}/ml-platform/qwen3-8b-slime-memtest/3f1c2a9e/probe"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_ray_worker_starts_the_memory_probe_writing_to_the_run_results(case: str) -> None:
+    env = json.loads(_ray_job(case)["spec"]["runtimeEnvYAML"])
+    assert env["worker_process_setup_hook"] == HOOK
+    [config] = [o for o in render(_job(case), SETTINGS) if o["metadata"]["name"].endswith("-config")]
+    results_dir = yaml.safe_load(config["data"]["config.yaml"])["resultsDir"]
+    assert env["env_vars"][PROBE_DIR_ENV] == f"{results_dir}/probe"
 
 
 def test_builtin_jobs_keep_our_runtime() -> None:

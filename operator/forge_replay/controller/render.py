@@ -243,7 +243,7 @@ def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
         "metadata": metadata,
         "spec": {
             "entrypoint": _entrypoint(job),
-            **_byo_runtime_env(job),
+            **_byo_runtime_env(job, settings),
             "submissionMode": "K8sJobMode",
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
@@ -523,11 +523,14 @@ def _entrypoint(job: ForgeReplayJob) -> str:
     return launch.entrypoint(job.spec, paths.DUMPS_MOUNT) if _byo(job) else ENTRYPOINT
 
 
-def _byo_runtime_env(job: ForgeReplayJob) -> dict[str, Any]:
-    """slime's / miles' runtime env (PYTHONPATH, CUDA_DEVICE_MAX_CONNECTIONS, spec.trainer.env) as runtimeEnvYAML."""
+def _byo_runtime_env(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    """slime's / miles' runtime env (PYTHONPATH, CUDA_DEVICE_MAX_CONNECTIONS, spec.trainer.env) as runtimeEnvYAML,
+    with the memory probe in every Ray worker writing under the run's results folder."""
     if not _byo(job):
         return {}
-    return {"runtimeEnvYAML": json.dumps(launch.runtime_env(job.spec), sort_keys=True)}  # JSON is YAML
+    probe_dir = f"{runtime_config(job, settings).results_dir}/probe"
+    env = launch.with_probe(launch.runtime_env(job.spec), probe_dir)
+    return {"runtimeEnvYAML": json.dumps(env, sort_keys=True)}  # JSON is YAML
 
 
 def _ray_image(job: ForgeReplayJob, settings: OperatorSettings) -> str:
