@@ -18,7 +18,7 @@ def _probe_in_child(tmp_path, code: str) -> None:
 
 def test_a_process_without_torch_records_nothing(tmp_path) -> None:
     _probe_in_child(tmp_path, "x = bytearray(50 * 2**20)")
-    assert list(tmp_path.iterdir()) == [] and memory_peak(str(tmp_path)) is None
+    assert list(tmp_path.glob("probe-*.json")) == [] and memory_peak(str(tmp_path)) is None
 
 
 def test_a_torch_process_records_its_peak_rss_at_exit(tmp_path) -> None:
@@ -44,3 +44,33 @@ def test_the_peak_prefers_cuda_figures_and_names_the_process(tmp_path) -> None:
     peak = memory_peak(str(tmp_path))
     assert (peak["source"], peak["peak_allocated_gib"], peak["pid"], peak["device"]) == ("cuda", 71.5, 3, "cuda:1")
     assert peak["processes"] == 3
+
+
+def test_nvidia_smi_lines_are_read_per_gpu() -> None:
+    from forge_replay.backends.probe import gpu_used_from_smi
+
+    # nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits prints "<index>, <MiB>" per GPU
+    assert gpu_used_from_smi("0, 81920\n1, 1024\n\n") == {"0": 80.0, "1": 1.0}
+
+
+def test_gpu_peaks_only_grow() -> None:
+    from forge_replay.backends.probe import merge_peaks
+
+    assert merge_peaks({"0": 70.0, "1": 10.0}, {"0": 60.0, "1": 12.5, "2": 3.0}) == {"0": 70.0, "1": 12.5, "2": 3.0}
+
+
+def test_device_level_peaks_are_reported_per_host(tmp_path) -> None:
+    (tmp_path / "gpus-node-a.json").write_text(json.dumps({"host": "node-a", "source": "nvml",
+                                                          "peak_used_gib": {"0": 131.5}}))
+    assert memory_peak(str(tmp_path)) == {"gpus": {"node-a": {"source": "nvml", "peak_used_gib": {"0": 131.5}}}}
+
+
+def test_on_a_node_without_gpus_the_sampler_gives_up_quietly(tmp_path) -> None:
+    from forge_replay.backends.probe import _GpuSampler, read_gpus
+
+    sampler = _GpuSampler(str(tmp_path))
+    sampler.tick()
+    if read_gpus() is None:  # this CPU machine: nothing written, and no further attempts
+        assert not sampler.usable and not list(tmp_path.glob("gpus-*.json"))
+    else:  # a GPU machine: one figure per GPU
+        assert json.loads(next(tmp_path.glob("gpus-*.json")).read_text())["peak_used_gib"]
