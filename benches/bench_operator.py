@@ -27,7 +27,7 @@ from forge_replay.api import parse_job  # noqa: E402
 from forge_replay.controller.render import ray_job  # noqa: E402
 from forge_replay.controller.settings import OperatorSettings  # noqa: E402
 from tests.cluster.manager import ControlPlane, Options  # noqa: E402
-from tests.cluster.operator_harness import Api, OperatorProcess, job_doc  # noqa: E402
+from tests.cluster.operator_harness import Api, OperatorProcess, claim_doc, job_doc  # noqa: E402
 
 from bench_args import positive_int  # noqa: E402
 
@@ -77,6 +77,9 @@ def main() -> None:
         api = Api(str(plane.kubeconfig))
         namespace = "bench"
         plane.kubectl("create", "namespace", namespace)
+        # the claim every job names: the operator checks it before creating anything
+        dumps_claim = job_doc("x", namespace)["spec"]["replay"]["dumps"]["claimName"]
+        Api(str(plane.kubeconfig)).kube.create(claim_doc(dumps_claim, namespace))
         workdir = Path(tempfile.mkdtemp(prefix="forge-replay-bench-"))
         operator = OperatorProcess(str(plane.kubeconfig), [namespace], workdir / "operator.log",
                                   "--resync-seconds", "60").start()  # the production default

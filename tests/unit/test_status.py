@@ -408,3 +408,17 @@ def test_launched_generation_is_set_with_the_first_child_and_kept() -> None:
     later = job(previous=verifying).model_copy(deep=True)
     later.metadata.generation = 5  # e.g. suspend toggled twice since
     assert status_from(later, rayjob("Running", "RUNNING"), None, None, now=LATER)["launchedGeneration"] == 3
+
+
+def test_a_rayjob_created_suspended_is_suspended_through_kuberays_initializing() -> None:
+    """KubeRay 1.5 moves a RayJob created suspended New -> Initializing (naming a cluster) -> Suspending ->
+    Suspended: one status all along (no Launching in between: a patch and two phase events per job)."""
+    created = status_from(job(suspend=True), rayjob(suspend=True), None, None, now=NOW)
+    statuses = [created]
+    for deployment, extra in (("Initializing", {"jobStatus": "NEW", "rayClusterName": "memtest-abc"}),
+                              ("Suspending", {"rayClusterName": "memtest-abc"}), ("Suspended", {})):
+        statuses.append(status_from(job(previous=statuses[-1], suspend=True),
+                                    rayjob(deployment, suspend=True, **extra), None, None, now=LATER))
+    assert [s["phase"] for s in statuses] == ["Suspended"] * 4
+    assert all(same_status(statuses[0], s) for s in statuses[1:])
+    assert created["rayClusterName"] is None  # no Ray cluster exists while suspended

@@ -97,9 +97,12 @@ def on_resume(namespace: str, name: str, memo: Any, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def on_job_event(event: dict[str, Any], namespace: str, name: str, memo: Any, **_: Any) -> None:
-    """Forget deleted jobs (metrics, locks); everything else goes through the handlers above."""
+    """Keep the newest copy of each job (child-event reconciles work from it); forget deleted jobs (metrics,
+    locks); everything else goes through the handlers above."""
     if event.get("type") == "DELETED":
         _reconciler(memo).forget(namespace, name)
+    elif event.get("object"):
+        _reconciler(memo).observe_job(dict(event["object"]))
 
 
 RAYJOB_STATUS_READ = ("jobDeploymentStatus", "jobStatus", "reason", "message", "rayClusterName", "startTime",

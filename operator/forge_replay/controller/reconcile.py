@@ -55,6 +55,21 @@ class ReconcileConflict(RuntimeError):
     """The world is in a state the operator must not act on yet (retried later)."""
 
 
+class _StaleJob(Exception):
+    """A reconcile working from the held copy of a job is about to act on its spec: read it fresh first."""
+
+
+WATCHED_TRIGGERS = ("rayjob", "verify", "progress", "resync")
+"""Reconciles that work from the job as the watch (or our own last patch) delivered it instead of reading it."""
+
+
+def _resource_version(body: dict[str, Any]) -> int:
+    try:
+        return int((body.get("metadata") or {}).get("resourceVersion") or -1)
+    except ValueError:  # not etcd's revision: never preferred over what is held
+        return -1
+
+
 @dataclass(frozen=True)
 class Launched:
     """What was launched for a job: the spec frozen in its config ConfigMap."""
@@ -96,6 +111,7 @@ class Reconciler:
         self.phases = phases or metrics.PhaseBook()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._jobs: dict[tuple[str, str], dict[str, Any]] = {}  # the newest body seen of each job
 
     def _lock(self, namespace: str, name: str) -> threading.Lock:
         with self._locks_guard:
@@ -105,13 +121,29 @@ class Reconciler:
         """The job is gone: drop its lock and its phase from the gauge."""
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
+            self._jobs.pop((namespace, name), None)
         self.phases.set(namespace, name, None)
+
+    def observe_job(self, body: dict[str, Any]) -> None:
+        """A ForgeReplayJob as a watch event, a list or our own status patch returned it; kept when it is at least
+        as new as the one held (so a late watch event never hides a status just written)."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace"), meta.get("name"))
+        with self._locks_guard:
+            held = self._jobs.get(key)
+            if held is None or _resource_version(body) >= _resource_version(held):
+                self._jobs[key] = body
+
+    def _held_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._locks_guard:
+            return self._jobs.get((namespace, name))
 
     def list_jobs(self, namespaces: tuple[str, ...] = ()) -> list[tuple[str, str, str | None]]:
         """(namespace, name, phase) of every ForgeReplayJob in ``namespaces`` (all when empty)."""
         out = []
         for namespace in namespaces or (None,):
             for item in self.kube.list_all(API_VERSION, KIND, namespace):
+                self.observe_job(item)
                 meta = item["metadata"]
                 out.append((meta["namespace"], meta["name"], (item.get("status") or {}).get("phase")))
         return out
@@ -123,11 +155,20 @@ class Reconciler:
     ) -> dict[str, Any] | None:
         """Bring job ``namespace/name`` one step closer to done; returns the status written (or kept).
 
-        ``rayjob`` is the RayJob as a watch event just delivered it (saves reading it again)."""
+        ``rayjob`` is the RayJob as a watch event just delivered it (saves reading it again). Reconciles after a
+        child's event or in the resync work from the job as last seen (WATCHED_TRIGGERS); one that would act on
+        its spec (create the RayJob, change its suspend) reads the job first."""
         metrics.RECONCILES.labels(trigger=trigger).inc()
         try:
             with self._lock(namespace, name):
-                return self._reconcile(namespace, name, rayjob)
+                if trigger in WATCHED_TRIGGERS:
+                    held = self._held_job(namespace, name)
+                    if held is not None:
+                        try:
+                            return self._reconcile(namespace, name, rayjob, held)
+                        except _StaleJob:
+                            pass
+                return self._reconcile(namespace, name, rayjob, None)
         except Exception as exc:
             metrics.ERRORS.labels(error=type(exc).__name__).inc()
             if isinstance(exc, KubeError) and exc.status in PERMANENT_API_ERRORS:
@@ -152,14 +193,22 @@ class Reconciler:
         """Put a failing reconcile's reason into status.message (best effort; it is retried)."""
         message = f"reconcile failed, retrying: {exc}"[:2000]
         try:
-            self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": {"message": message}}, status=True)
+            self.observe_job(self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": {"message": message}},
+                                                   status=True))
         except Exception as patch_error:  # the original error is what gets raised and logged
             log.warning("could not report the reconcile error on %s/%s: %s", namespace, name, patch_error)
 
-    def _reconcile(self, namespace: str, name: str, seen_rayjob: dict[str, Any] | None) -> dict[str, Any] | None:
-        body = self.kube.get(API_VERSION, KIND, namespace, name)
+    def _reconcile(
+        self, namespace: str, name: str, seen_rayjob: dict[str, Any] | None, held: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        body = held
+        if body is None:
+            body = self.kube.get(API_VERSION, KIND, namespace, name)
+            if body is not None:
+                self.observe_job(body)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
+        fresh = held is None
         previous = body.get("status") or {}
         meta = body["metadata"]
         rayjob = seen_rayjob
@@ -180,7 +229,7 @@ class Reconciler:
                 + invalid_spec_message(invalid.problems),
             )
             effective = self._as_current(launched.job, body, suspend=launched.job.spec.suspend)
-            return self._drive(body, effective, previous, refusal, rayjob)
+            return self._drive(body, effective, previous, refusal, rayjob, fresh)
         if rayjob is not None:
             self._check_owner(rayjob, job)
         refusal = None
@@ -193,7 +242,7 @@ class Reconciler:
                 refusal = refusal_for_change(launched.job, job)
                 if refusal is not None:
                     effective = self._as_current(launched.job, body, suspend=job.spec.suspend)
-        return self._drive(body, effective, previous, refusal, rayjob)
+        return self._drive(body, effective, previous, refusal, rayjob, fresh)
 
     def _drive(
         self,
@@ -202,6 +251,7 @@ class Reconciler:
         previous: dict[str, Any],
         refusal: Refusal | None,
         rayjob: dict[str, Any] | None,
+        fresh: bool = True,
     ) -> dict[str, Any]:
         namespace, name = job.metadata.namespace, job.metadata.name
         assert namespace and name
@@ -209,6 +259,8 @@ class Reconciler:
         verify_job = None
         verify_message = None
         if rayjob is None and not launched_before:
+            if not fresh:
+                raise _StaleJob  # everything before launch acts on the spec
             # Before launch: the claims it names, then every prerequisite, then verify, then the RayJob.
             if previous.get("phase") not in ("Verifying", "Launching"):  # checked until something is created
                 problems = self._claim_problems(job)
@@ -233,7 +285,7 @@ class Reconciler:
                 else:
                     self._check_owner(rayjob, job)
         elif rayjob is not None:
-            rayjob = self._propagate_suspend(job, rayjob)
+            rayjob = self._propagate_suspend(job, rayjob, fresh)
 
         # After launch the progress ConfigMap also holds the runtime's own result (read when the RayJob is gone).
         progress = self._progress(namespace, name) if _may_have_progress(rayjob, launched_before) else None
@@ -341,13 +393,15 @@ class Reconciler:
         pods = self.kube.list("v1", "Pod", namespace, f"ray.io/cluster={cluster}")
         return verify_pod_note(pods, failed=False)
 
-    def _propagate_suspend(self, job: ForgeReplayJob, rayjob: dict[str, Any]) -> dict[str, Any]:
+    def _propagate_suspend(self, job: ForgeReplayJob, rayjob: dict[str, Any], fresh: bool = True) -> dict[str, Any]:
         """spec.suspend -> RayJob.spec.suspend. With a Kueue queue Kueue owns suspend (it un-suspends what it
         admits, and re-suspending would tear the Ray cluster down on every event): never touched."""
         wanted = job.spec.suspend
         current = bool((rayjob.get("spec") or {}).get("suspend"))
         if wanted == current or job.spec.scheduling.queue_name:
             return rayjob
+        if not fresh:
+            raise _StaleJob  # suspend may have changed since the held copy: act on the job as it is now
         meta = rayjob["metadata"]
         return self.kube.merge_patch(
             "ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"], {"spec": {"suspend": wanted}}
@@ -381,7 +435,7 @@ class Reconciler:
         self.phases.set(namespace, name, status.get("phase"))
         if same_status(previous, status):
             return status
-        self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": status}, status=True)
+        self.observe_job(self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": status}, status=True))
         phase = status["phase"]
         failed_now = phase_changed(previous, status) and phase == "Failed"
         if phase_changed(previous, status):

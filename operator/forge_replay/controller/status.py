@@ -245,7 +245,9 @@ def status_from(
         "launchedGeneration": launched_generation,
         "conditions": _conditions(conditions, previous, job.metadata.generation, now_text),
         "rayJobName": (rayjob or {}).get("metadata", {}).get("name") or previous.get("rayJobName"),
-        "rayClusterName": rj_status.get("rayClusterName") or previous.get("rayClusterName"),
+        # A suspended RayJob has no Ray cluster (KubeRay names one while initializing, then deletes it).
+        "rayClusterName": None if phase == "Suspended" else rj_status.get("rayClusterName") or previous.get(
+            "rayClusterName"),
         "rollouts": rollouts,
         "memory": memory,
         "fallbacks": fallbacks,
@@ -435,7 +437,9 @@ def _from_rayjob(job: ForgeReplayJob, rayjob: dict[str, Any]) -> tuple[str, str,
         reason = kuberay_reason or "AppFailed"
         text = f"RayJob {name}: the Ray job is {job_status}{detail}"
         return "Failed", reason, _with_hint(text, reason), finished
-    if deployment in ("Suspending", "Suspended") or (suspended_spec and deployment in ("", "New")):
+    # KubeRay takes a RayJob created suspended through Initializing to Suspending (updateStatusToSuspendingIfNeeded):
+    # it is suspended all along, not launching (which cost a status patch and two phase events per job).
+    if deployment in ("Suspending", "Suspended") or (suspended_spec and deployment in ("", "New", "Initializing")):
         queue = job.spec.scheduling.queue_name
         if queue and not job.spec.suspend:
             return (
