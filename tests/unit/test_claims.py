@@ -31,6 +31,9 @@ def test_named_claims_are_the_dumps_model_and_results_claims_once_each() -> None
     # one claim for the checkpoint and the results: written to, so it needs ReadWriteMany
     assert claims["shared"].writes and claims["shared"].fields == ("spec.model.claimName", "spec.results.claimName")
     assert [c.name for c in named_claims(_job())] == ["dumps"]
+    with_baseline = _job(expect={"baseline": {"claimName": "runs", "path": "v1/report.json"}})
+    assert [(c.name, c.fields, c.writes) for c in named_claims(with_baseline)][1:] == [
+        ("runs", ("spec.expect.baseline.claimName",), False)]
 
 
 def test_missing_and_single_node_claims_are_problems_naming_claim_and_field() -> None:

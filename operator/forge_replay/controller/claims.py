@@ -38,11 +38,14 @@ class ClaimProblem:
 
 
 def named_claims(job: ForgeReplayJob) -> list[NamedClaim]:
-    """Every PVC the job mounts (dumps, model, results), one entry per claim name."""
+    """Every PVC the job mounts (dumps, model, the expectations' baseline, results), one entry per claim name."""
     spec = job.spec
     wanted: list[tuple[str, str, bool]] = [(spec.replay.dumps.claim_name, "spec.replay.dumps.claimName", False)]
     if spec.model.path and spec.model.claim_name:
         wanted.append((spec.model.claim_name, "spec.model.claimName", False))
+    baseline = spec.expect.baseline if spec.expect is not None else None
+    if baseline is not None and baseline.claim_name and not baseline.config_map_name:
+        wanted.append((baseline.claim_name, "spec.expect.baseline.claimName", False))
     if spec.results.claim_name:
         wanted.append((spec.results.claim_name, "spec.results.claimName", True))
     merged: dict[str, NamedClaim] = {}
