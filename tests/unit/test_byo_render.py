@@ -129,3 +129,17 @@ def test_forge_replay_render_shows_the_entrypoint() -> None:
     result = CliRunner().invoke(render_command, [str(GOLDEN / "miles-debug.in.yaml")])
     assert result.exit_code == 0, result.output
     assert "entrypoint: cd /root/miles && python3 train.py --actor-num-nodes 2" in result.output
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_team_pods_keep_the_image_user_and_ours_stay_non_root(case: str) -> None:
+    objects = render(_job(case), SETTINGS)
+    [ray_job] = [o for o in objects if o["kind"] == "RayJob"]
+    for pod in [*_pods(ray_job), ray_job["spec"]["submitterPodTemplate"]]:
+        assert not {"runAsUser", "runAsGroup", "runAsNonRoot"} & set(pod["spec"]["securityContext"])
+        assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for init in pod["spec"].get("initContainers", []):
+            assert init["securityContext"]["runAsUser"] == SETTINGS.runtime_uid
+            assert init["securityContext"]["runAsNonRoot"] is True
+    for verify in (o for o in objects if o["kind"] == "Job"):  # our image: our non-root user
+        assert verify["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == SETTINGS.runtime_uid

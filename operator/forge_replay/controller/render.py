@@ -404,7 +404,8 @@ def _pod_template(
         "volumeMounts": mounts,
     }
     # Only the driver (on the head) publishes progress, so only the head gets the token.
-    spec: dict[str, Any] = {"securityContext": _pod_security(settings), **_pod_identity(job, token=role == "head")}
+    spec: dict[str, Any] = {"securityContext": _ray_pod_security(job, settings),
+                            **_pod_identity(job, token=role == "head")}
     spec["containers"] = [container]
     spec["volumes"] = volumes
     _add_forge_lib(job, settings, spec)
@@ -493,7 +494,7 @@ def _submitter_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict
         "spec": {
             "restartPolicy": "Never",
             **_pod_identity(job, token=False),
-            "securityContext": _pod_security(settings),
+            "securityContext": _ray_pod_security(job, settings),
             "containers": [
                 {
                     "name": SUBMITTER_CONTAINER,
@@ -538,13 +539,25 @@ def _ray_image(job: ForgeReplayJob, settings: OperatorSettings) -> str:
     return job.spec.trainer.image if _byo(job) else settings.image_for(job.spec.image)
 
 
+def _ray_pod_security(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
+    """Ours (non-root, our uid) for the builtin trainer; with slime / miles the team's image keeps its own user
+    (their images run as root with the code under /root, which our uid could not enter)."""
+    security = _pod_security(settings)
+    if _byo(job):
+        for key in ("runAsNonRoot", "runAsUser", "runAsGroup"):
+            security.pop(key)
+    return security
+
+
 def _add_forge_lib(job: ForgeReplayJob, settings: OperatorSettings, pod_spec: dict[str, Any]) -> None:
     """slime / miles: an init container copies forge_replay from our runtime image into a shared emptyDir,
     mounted read-only in the Ray container and put on PYTHONPATH by the runtime env."""
     if not _byo(job):
         return
     image = settings.image_for(job.spec.image)
-    pod_spec["initContainers"] = [launch.forge_lib_init_container(image, _container_security())]
+    uid = settings.runtime_uid  # our image's own user, whatever the team's pods run as
+    security = {**_container_security(), "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid}
+    pod_spec["initContainers"] = [launch.forge_lib_init_container(image, security)]
     pod_spec["volumes"].append(launch.forge_lib_volume())
     pod_spec["containers"][0]["volumeMounts"].append(launch.forge_lib_mount())
 
