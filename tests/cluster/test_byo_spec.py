@@ -1,6 +1,6 @@
 """spec.trainer backend slime / miles (issue 15): `forge-replay validate` and the real API server (the CRD's CEL
 twins of the models' rules) refuse and accept the same specs, naming the same field. The team's args are
-checked by validate and the operator only (per item, spec.trainer.args[i]); the CRD does not afford that CEL."""
+refused by the CRD as a whole (spec.trainer.args), by validate and the operator per item (spec.trainer.args[i])."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ REFUSED = [
     ("slime-ft-train", {}, "forge", {"faultTolerance": {"enabled": True, "components": ["train"]}},
      "spec.faultTolerance.components"),
     ("slime-half-node-engines", {}, "forge", {"rollout": {"numGpus": 4, "numGpusPerEngine": 2}}, "spec.rollout.numGpus"),
+    ("slime-args-num-rollout", {"args": ["--lr", "1", "--num-rollout=3"]}, "forge", {}, "spec.trainer.args"),
+    ("slime-args-colocate", {"args": ["--colocate"]}, "forge", {}, "spec.trainer.args"),
+    ("miles-args-fully-async", {"backend": "miles", "args": ["--fully-async"]}, "forge", {}, "spec.trainer.args"),
+    ("miles-args-no-fallback", {"backend": "miles", "args": ["--no-forge-replay-fallback-to-first"]}, "forge", {},
+     "spec.trainer.args"),
 ]
 ACCEPTED = [
     ("slime-forge", {}, "forge", {}),
@@ -51,6 +56,7 @@ ACCEPTED = [
     ("miles-no-fallback", {"backend": "miles"}, "forge", {"replay__dumps__fallbackToFirst": False}),
     ("miles-ft-train", {"backend": "miles"}, "debug", {"faultTolerance": {"enabled": True, "components": ["train"]}}),
     ("slime-cpu", {"gpusPerNode": 0, "args": ["--micro-batch-size", "2"], "env": {"A": "1"}}, "debug", {}),
+    ("slime-args-miles-refuses", {"args": ["--fully-async", "--num-rollouts-per-epoch=2", "--colocated"]}, "forge", {}),
 ]
 
 

@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
 from forge_replay.api.engine_args import engine_args_problems
-from forge_replay.backends import arg_problems
+from forge_replay.backends import BACKEND_INJECTED, REFUSED_FLAGS, arg_problems
 from forge_replay.errors import Portable
 
 GROUP = "forgereplay.io"
@@ -42,6 +42,8 @@ MAX_NAME_LENGTH = 47  # KubeRay's RayJob name limit
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 MAX_PATH_LENGTH = 4096
+MAX_ARGS = 512  # spec.trainer.args items: bounds the cost of the CRD's CEL rule over them
+MAX_ARG_LENGTH = 1024
 
 FT_COMPONENTS = ("train", "rollout")
 INT32_MAX = 2**31 - 1  # Kubernetes int32 fields (e.g. RayJob.spec.ttlSecondsAfterFinished)
@@ -273,9 +275,9 @@ class TrainerSpec(_Model):
         max_length=MAX_PATH_LENGTH,
         description="slime / miles: the training script, relative to workingDir.",
     )
-    args: list[Annotated[str, Field(max_length=MAX_PATH_LENGTH)]] = Field(
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
-        max_length=4096,
+        max_length=MAX_ARGS,
         description=(
             "slime / miles: the team's own argv (e.g. Megatron's model flags). It may not set a flag forge-replay "
             "injects, nor --num-epoch, --dump-details, --save-debug-rollout-data (miles: --fully-async, "
@@ -326,14 +328,6 @@ class TrainerSpec(_Model):
     def _default_clip_eps_high(self) -> TrainerSpec:
         if self.clip_eps_high is None and self.backend == "builtin":  # slime / miles: not ours to set
             self.clip_eps_high = self.clip_eps
-        return self
-
-    @model_validator(mode="after")
-    def _byo_args_allowed(self) -> TrainerSpec:
-        if self.backend != "builtin":
-            problems = arg_problems(self.backend, self.args)
-            if problems:
-                raise SpecInvalid([Problem(f"spec.trainer.args[{i}]", message) for i, message in problems])
         return self
 
 
@@ -1100,14 +1094,39 @@ def _byo_gpus_divide(spec: ForgeReplayJobSpec) -> list[Problem]:
     return problems
 
 
+def _byo_args_allowed(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.backend == "builtin":
+        return []
+    return [Problem(f"spec.trainer.args[{i}]", message) for i, message in arg_problems(t.backend, t.args)]
+
+
 def _cel_literal(value: Any) -> str:
     return json.dumps(value)
+
+
+def _cel_sets_flag(flags: tuple[str, ...]) -> str:
+    """CEL: the args item ``a`` sets one of ``flags`` (``--f`` or ``--f=v``)."""
+    return (f"a in {_cel_literal(sorted(set(flags)))} || "
+            + " || ".join(f"a.startsWith({_cel_literal(flag + '=')})" for flag in sorted(set(flags))))
 
 
 _CEL_BUILTIN = "!has(self.backend) || self.backend == 'builtin'"
 _CEL_BYO = "has(self.backend) && self.backend != 'builtin'"
 
+_SLIME_OWNED = (*BACKEND_INJECTED["slime"], *REFUSED_FLAGS["slime"])
+_MILES_ONLY = tuple(f for f in (*BACKEND_INJECTED["miles"], *REFUSED_FLAGS["miles"]) if f not in _SLIME_OWNED)
+
 CROSS_FIELD_RULES += [
+    CrossFieldRule(
+        "trainer",
+        f"({_CEL_BUILTIN}) || !has(self.args) || self.args.all(a, !({_cel_sets_flag(_SLIME_OWNED)}) && "
+        f"(self.backend != 'miles' || !({_cel_sets_flag(_MILES_ONLY)})))",
+        "spec.trainer.args: an item sets a flag forge-replay injects, or --num-epoch, --dump-details, "
+        "--save-debug-rollout-data (miles: --fully-async, --ci-inject-rollout-data-path)",
+        ".args",
+        _byo_args_allowed,
+    ),
     CrossFieldRule(
         "trainer",
         f"({_CEL_BYO}) || ("
