@@ -345,3 +345,27 @@ def test_active_deadline_reaches_the_rayjob_only_when_set() -> None:
     assert "activeDeadlineSeconds" not in render(parse_job(doc), SETTINGS)[-1]["spec"]
     doc["spec"]["activeDeadlineSeconds"] = 7200
     assert render(parse_job(doc), SETTINGS)[-1]["spec"]["activeDeadlineSeconds"] == 7200
+
+
+BYO_GOLDEN = Path(__file__).parent / "golden" / "byo"
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("*.in.yaml")) + sorted(BYO_GOLDEN.glob("*.in.yaml")),
+                         ids=lambda p: f"{p.parent.name}/{p.name.removesuffix('.in.yaml')}")
+def test_reward_flags_follow_reward_key_and_every_verify_flag_is_the_clis(path: Path, tmp_path) -> None:
+    """A job without rewardKey: no --reward-key anywhere, --no-reward-key only to `dumps verify` (which declares
+    it: a dict reward is then refused, as training refuses it), never to the trainer; with one, --reward-key."""
+    from forge_replay.dumps.cli import dumps
+
+    job = parse_job(yaml.safe_load(path.read_text()))
+    key = job.spec.replay.reward_key
+    for obj in render(job, SETTINGS):
+        if obj["kind"] == "RayJob":
+            entrypoint = obj["spec"]["entrypoint"].split()
+            assert "--no-reward-key" not in entrypoint
+            assert ("--reward-key" in entrypoint) == (key is not None and job.spec.trainer.backend != "builtin")
+        if obj["kind"] == "Job":
+            argv = obj["spec"]["template"]["spec"]["containers"][0]["command"]
+            args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in argv[3:]]
+            params = dumps.get_command(None, "verify").make_context("verify", args).params  # unknown flags fail here
+            assert (params["reward_key"], params["no_reward_key"]) == (key, key is None)
