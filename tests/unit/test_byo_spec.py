@@ -222,6 +222,14 @@ def test_eval_and_reward_keys_row() -> None:
     assert not {"--eval-interval", "--reward-key", "--eval-reward-key"} & set(plain)
 
 
+def test_eval_before_train_only_when_asked() -> None:
+    """slime's and miles' train.py evaluate before training whenever eval is on, unless --skip-eval-before-train."""
+    assert "--skip-eval-before-train" in argv(byo("slime", spec__replay__evalInterval=2))
+    assert "--skip-eval-before-train" not in argv(byo("miles", spec__replay__evalInterval=2,
+                                                      spec__replay__evalBeforeTrain=True))
+    assert "--skip-eval-before-train" not in argv(byo("slime"))  # no eval at all
+
+
 def test_fault_tolerance_row() -> None:
     ft = {"enabled": True, "components": ["train", "rollout"]}
     slime = argv(byo("slime", spec__faultTolerance=ft))

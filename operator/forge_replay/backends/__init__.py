@@ -33,8 +33,8 @@ INJECTED_FLAGS = (
     "--rollout-num-gpus", "--rollout-num-gpus-per-engine", "--colocate",
     "--rollout-function-path", "--eval-function-path", "--load-forge-rollout-data",
     "--debug-train-only", "--load-debug-rollout-data",
-    "--start-rollout-id", "--num-rollout", "--eval-interval", "--reward-key", "--eval-reward-key",
-    "--use-fault-tolerance",
+    "--start-rollout-id", "--num-rollout", "--eval-interval", "--skip-eval-before-train", "--reward-key",
+    "--eval-reward-key", "--use-fault-tolerance",
 )  # fmt: skip
 """Every flag the operator may inject for either backend (``--ft-components`` too, for miles)."""
 
@@ -138,6 +138,8 @@ def injected_argv(spec: Any, dumps_root: str) -> list[str]:
     argv += ["--start-rollout-id", str(start), "--num-rollout", str(start + replay.num_rollouts)]
     if replay.eval_interval:
         argv += ["--eval-interval", str(replay.eval_interval)]
+        if not replay.eval_before_train:  # slime's and miles' train.py evaluate before training unless told not to
+            argv.append("--skip-eval-before-train")
     if replay.reward_key:
         argv += ["--reward-key", replay.reward_key]
     if replay.eval_reward_key:
