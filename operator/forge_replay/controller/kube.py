@@ -15,6 +15,7 @@ from typing import Any
 import requests
 
 from forge_replay.api import API_VERSION, PLURAL
+from forge_replay.errors import Portable
 
 # (apiVersion, kind) -> (URL prefix, plural). Namespaced resources only.
 RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
@@ -32,7 +33,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
-class KubeError(RuntimeError):
+class KubeError(Portable, RuntimeError):
     """An API call failed; ``status`` is the HTTP status, the message names the verb and object."""
 
     def __init__(self, status: int, message: str):
