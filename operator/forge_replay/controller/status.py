@@ -313,28 +313,33 @@ def status_for_claims(
 ) -> dict[str, Any]:
     """Status of a job stopped before launch by its claims (``controller.claims.ClaimProblem``): Pending,
     Stalled=True (a Warning event), nothing created until every claim it names can be mounted."""
-    now_text = rfc3339(now or datetime.now(timezone.utc))
-    previous = previous or {}
     reason = problems[0].reason
     message = "; ".join(p.message for p in problems)
     waiting = "nothing is created until the job's claims can be mounted"
+    status = _held_before_launch(job, reason, message, waiting, message, {}, previous, now)
+    return {**status, "results": results_location(job)}
+
+
+def _held_before_launch(job: ForgeReplayJob, reason: str, message: str, waiting: str, cluster_message: str,
+                        extra: dict[str, _Cond], previous: dict[str, Any] | None, now: datetime | None) -> dict[str, Any]:
+    """Pending and Stalled=True for a valid spec that cannot launch yet: nothing is created, no GPU requested."""
     conditions = {
         "Ready": _Cond("False", reason, message),
         "Reconciling": _Cond("False", reason, waiting),
         "Stalled": _Cond("True", reason, message),
         "SpecValid": _Cond("True", "Valid", "the spec passed validation"),
         "DumpsVerified": _Cond("Unknown", reason, waiting),
-        "ClusterReady": _Cond("False", reason, message),
+        "ClusterReady": _Cond("False", reason, cluster_message),
+        **extra,
     }
     generation = job.metadata.generation
+    now_text = rfc3339(now or datetime.now(timezone.utc))
     return {
         "phase": "Pending",
         "observedGeneration": generation,
-        "conditions": _conditions(conditions, previous, generation, now_text),
+        "conditions": _conditions(conditions, previous or {}, generation, now_text),
         "message": _tail(message),
-        "results": results_location(job),
     }
-
 
 PERMANENT_API_ERRORS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 422: "Invalid"}
 """API answers a retry cannot fix (RBAC, a missing CRD, a webhook's refusal), by HTTP status -> reason."""
@@ -566,26 +571,9 @@ def status_for_baseline(job: ForgeReplayJob, problem: str, previous: dict[str, A
                         now: datetime | None = None) -> dict[str, Any]:
     """Status of a job whose spec.expect.baseline cannot be read before launch (a missing ConfigMap): Pending,
     Stalled=True (a Warning event), ExpectationsMet=False; nothing is created, no GPU requested, until it can."""
-    now_text = rfc3339(now or datetime.now(timezone.utc))
-    previous = previous or {}
     waiting = "nothing is created until the baseline of spec.expect can be read"
-    conditions = {
-        "Ready": _Cond("False", "BaselineNotFound", problem),
-        "Reconciling": _Cond("False", "BaselineNotFound", waiting),
-        "Stalled": _Cond("True", "BaselineNotFound", problem),
-        "SpecValid": _Cond("True", "Valid", "the spec passed validation"),
-        "DumpsVerified": _Cond("Unknown", "BaselineNotFound", waiting),
-        "ClusterReady": _Cond("False", "BaselineNotFound", waiting),
-        EXPECTATIONS_MET: _Cond("False", "BaselineNotFound", problem),
-    }
-    generation = job.metadata.generation
-    return {
-        "phase": "Pending",
-        "observedGeneration": generation,
-        "conditions": _conditions(conditions, previous, generation, now_text),
-        "message": _tail(problem),
-    }
-
+    expectations = {EXPECTATIONS_MET: _Cond("False", "BaselineNotFound", problem)}
+    return _held_before_launch(job, "BaselineNotFound", problem, waiting, waiting, expectations, previous, now)
 
 def _tail(text: str) -> str:
     text = text or ""
