@@ -320,8 +320,10 @@ def status_for_claims(
     return {**status, "results": results_location(job)}
 
 
-def _held_before_launch(job: ForgeReplayJob, reason: str, message: str, waiting: str, cluster_message: str,
-                        extra: dict[str, _Cond], previous: dict[str, Any] | None, now: datetime | None) -> dict[str, Any]:
+def _held_before_launch(
+    job: ForgeReplayJob, reason: str, message: str, waiting: str, cluster_message: str,
+    extra: dict[str, _Cond], previous: dict[str, Any] | None, now: datetime | None,
+) -> dict[str, Any]:
     """Pending and Stalled=True for a valid spec that cannot launch yet: nothing is created, no GPU requested."""
     conditions = {
         "Ready": _Cond("False", reason, message),
