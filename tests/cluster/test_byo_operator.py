@@ -16,7 +16,7 @@ from forge_replay.api.paths import DUMPS_MOUNT
 from forge_replay.backends import injected_argv
 from forge_replay.controller.render import render
 from tests.cluster.operator_harness import apply, job_doc, wait_for
-from tests.cluster.test_operator import api, operator, operator_kubeconfig  # noqa: F401 (fixtures)
+from tests.cluster.test_operator import api, assert_strict_dry_run, operator, operator_kubeconfig  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 
@@ -27,11 +27,7 @@ GOLDEN = Path(__file__).parents[1] / "unit" / "golden" / "byo"
 def test_rendered_byo_objects_pass_strict_server_side_validation(control_plane, namespace, case) -> None:
     doc = yaml.safe_load((GOLDEN / f"{case}.in.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
-    objects = render(parse_job(doc))
-    result = control_plane.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
-                                   input="\n---\n".join(json.dumps(o) for o in objects), check=False)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("(server dry run)") == len(objects)
+    assert_strict_dry_run(control_plane, render(parse_job(doc)))
 
 
 def test_operator_launches_the_team_script(control_plane, operator, api, namespace) -> None:  # noqa: F811
