@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from forge_replay.runtime.driver import ALREADY_CONNECTED, ReplayRunError, connect_ray, local_cpus_needed, run_job
     from forge_replay.runtime.trainer.rank import trainer_settings
 
-    how = connect_ray(local=False, num_cpus=local_cpus_needed(trainer_settings(config.job.spec.trainer).world_size))
+    how = connect_ray(num_cpus=local_cpus_needed(trainer_settings(config.job.spec.trainer).world_size))
     logging.getLogger(__name__).info("Ray: %s", how)
     try:
         report = run_job(config, fixed_cluster=False, show_progress=not args.no_progress)

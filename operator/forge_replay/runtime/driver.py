@@ -25,11 +25,11 @@ class ReplayRunError(RuntimeError):
     """The run cannot go on; the message says what, where (rollout id, path, sample) and what to do."""
 
 
-def connect_ray(*, local: bool, num_cpus: int | None = None) -> str:
+def connect_ray(*, num_cpus: int | None = None) -> str:
     """Join the Ray cluster (``RAY_ADDRESS``, as under a KubeRay RayJob) or start a local Ray.
 
-    ``local=True`` always starts a fresh local Ray (``forge-replay run``); without ``RAY_ADDRESS`` a
-    local Ray is started too (never someone else's cluster found by probing). Returns how it connected;
+    Without ``RAY_ADDRESS`` a local Ray is started (never someone else's cluster found by probing; ``forge-replay
+    run`` starts its own in runtime/local_ray.py instead). Returns how it connected;
     ``"already connected"`` means the caller did not start Ray and must not shut it down.
     """
     import ray
@@ -37,7 +37,7 @@ def connect_ray(*, local: bool, num_cpus: int | None = None) -> str:
     if ray.is_initialized():
         return ALREADY_CONNECTED
     quiet = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
-    if not local and os.environ.get("RAY_ADDRESS"):  # a KubeRay RayJob's entrypoint runs with RAY_ADDRESS set
+    if os.environ.get("RAY_ADDRESS"):  # a KubeRay RayJob's entrypoint runs with RAY_ADDRESS set
         ray.init(address="auto", logging_level=logging.WARNING)
         return f"joined {os.environ['RAY_ADDRESS']}"
     ray.init(address="local", num_cpus=num_cpus, **quiet)
