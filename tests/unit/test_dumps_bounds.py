@@ -261,6 +261,65 @@ def test_scan_accepts_every_plain_pickle(value, protocol, shared):
     check_pickle(data, Limits())
 
 
+@settings(max_examples=100, deadline=None)
+@given(value=_plain, protocol=st.integers(0, pickle.HIGHEST_PROTOCOL), cut=st.floats(0, 1, exclude_max=True))
+def test_scan_refuses_every_truncated_pickle_as_malformed(value, protocol, cut):
+    """A pickle cut anywhere (a partly written plain-pickle dump) is a BoundsError, never a crash of the scan."""
+    from forge_replay.dumps.bounds import BoundsError
+
+    data = pickle.dumps([value, 2.5, value], protocol=protocol)
+    with pytest.raises(BoundsError, match="malformed pickle"):
+        check_pickle(data[: int(len(data) * cut)], Limits())
+
+
+# Each way a structured dump combines values, as a memo DAG: v(i+1) holds v(i) twice (read back with BINGET, or
+# LONG_BINGET for the keys over 255), so v(depth) expands to 2^depth leaves from a few bytes per level.
+_COMBINE_TWO = {
+    "TUPLE2": lambda a, b: a + b + b"\x86",
+    "TUPLE": lambda a, b: b"(" + a + b + b"t",
+    "APPENDS": lambda a, b: b"](" + a + b + b"e",
+    "SETITEMS": lambda a, b: b"}(K\x01" + a + b"K\x02" + b + b"u",
+    "REDUCE": lambda a, b: b"c__builtin__\ntuple\n" + a + b + b"\x86R",
+    "BUILD": lambda a, b: b"}" + a + b + b"\x86b",
+}
+
+
+def _combined_dag(combine, depth: int, long_keys: bool) -> bytes:
+    def get(key: int) -> bytes:
+        return b"j" + key.to_bytes(4, "little") if long_keys else b"h" + bytes([key])
+
+    def put(key: int) -> bytes:
+        return b"r" + key.to_bytes(4, "little") if long_keys else b"q" + bytes([key])
+
+    out = b"\x80\x02X\x03\x00\x00\x00abc" + put(0)
+    for i in range(depth):
+        out += b"0" + combine(get(i), get(i)) + put(i + 1)
+    return out + b"."
+
+
+@pytest.mark.parametrize("long_keys", [False, True])
+@pytest.mark.parametrize("name", sorted(_COMBINE_TWO))
+def test_every_combining_opcode_counts_shared_references(name, long_keys):
+    """The scan's fast paths (TUPLE2, APPENDS, SETITEMS, REDUCE, BINGET/LONG_BINGET) and its general path (TUPLE,
+    BUILD) expand shared values alike: a shallow DAG passes, a deep one is refused before anything is built."""
+    from forge_replay.dumps.bounds import BoundsError
+
+    check_pickle(_combined_dag(_COMBINE_TWO[name], 6, long_keys), Limits())
+    with pytest.raises(BoundsError, match="max_expansion"):
+        check_pickle(_combined_dag(_COMBINE_TWO[name], 40, long_keys), Limits())
+
+
+def test_a_large_key_is_refused_in_setitems():
+    """SETITEMS checks every key it adds, not only the first."""
+    from forge_replay.dumps.bounds import BoundsError
+
+    key = b"X" + (70000).to_bytes(4, "little") + b"k" * 70000
+    data = b"\x80\x02}(K\x01K\x02" + key + b"K\x03u."
+    with pytest.raises(BoundsError, match="max_key_bytes"):
+        check_pickle(data, Limits())
+    check_pickle(data, Limits(max_key_bytes=70005))
+
+
 def test_one_storage_record_is_read_once(tmp_path):
     """Referencing one record under another dtype used to read (allocate) it again each time."""
     clean = tmp_path / "t.pt"

@@ -142,17 +142,6 @@ class BoundsError(Portable, Exception):
         super().__init__(problem + (f" ({raise_hint(limit)})" if limit else ""))
 
 
-class _Value:
-    """What the scan knows of one pickled value: expanded size (bytes) and nesting depth."""
-
-    __slots__ = ("size", "depth")
-
-    def __init__(self, size: int, depth: int):
-        self.size = size
-        self.depth = depth
-
-
-_MARK = object()
 # Runs of plain numbers, None and bools (token ids, masks, log probs): BININT, BININT2, BINFLOAT,
 # BININT1, NONE, NEWTRUE, NEWFALSE. They are skipped at regex speed.
 _NUMBER_RUN = re.compile(rb"(?s:J....|M..|G........|K.|[N\x88\x89])++")
@@ -191,6 +180,12 @@ _LENGTH_PREFIX = {-2: (1, False), -3: (4, True), -4: (4, False), -5: (8, False)}
 
 _WIDTHS = {ord("J"): 5, ord("M"): 3, ord("G"): 9, ord("K"): 2, ord("N"): 1, 0x88: 1, 0x89: 1}
 _CHUNK = 4096
+# The opcodes with a fast path in check_pickle.
+_BINGET, _LONG_BINGET, _BINPUT, _LONG_BINPUT = b"hjqr"
+_BINUNICODE, _SHORT_BINUNICODE, _MARK, _SETITEMS, _APPENDS = b"X\x8c(ue"
+_EMPTY = frozenset(b"])}")  # EMPTY_LIST, EMPTY_TUPLE, EMPTY_DICT: leaves
+# TUPLE1-3, REDUCE and NEWOBJ replace the top N values with one value holding them.
+_COMBINE_TOP = {0x85: 1, 0x86: 2, 0x87: 3, ord("R"): 2, 0x81: 2}
 
 
 def _run_end(data: bytes, pos: int) -> int:
@@ -212,7 +207,8 @@ def _run_end(data: bytes, pos: int) -> int:
         if count == _CHUNK:
             continue
         if pos < end and data[pos] in _RUN_START:
-            return _NUMBER_RUN.match(data, pos).end()
+            run = _NUMBER_RUN.match(data, pos)  # None: that opcode's argument is cut off
+            return run.end() if run else pos
         return pos
     return pos
 
@@ -237,6 +233,7 @@ def _arg_end(data: bytes, pos: int, name: str, kind: int) -> int:
 
 
 def _memo_key(data: bytes, pos: int, end: int, kind: int) -> int:
+    """The memo key of a PUT/GET opcode at ``pos`` whose argument ends at ``end``."""
     if kind == -1:  # PUT / GET: decimal text
         try:
             return int(data[pos + 1 : end - 1])
@@ -249,13 +246,15 @@ def check_pickle(data: bytes, limits: Limits) -> None:
     """Refuse (BoundsError) a pickle whose values nest or expand beyond ``limits``, without building it."""
     max_size = max(limits.max_expansion * len(data), 1 << 20)
     max_depth, max_key = limits.max_depth, limits.max_key_bytes
-    stack: list[Any] = []
+    stack: list[list[int]] = []  # one [expanded size, depth] per value; containers' entries grow in place
+    push = stack.append
     marks: list[int] = []  # stack positions of the MARKs
-    memo: dict[int, _Value] = {}
+    memo: dict[int, list[int]] = {}
     pos, end, run_end = 0, len(data), 0
+    fast_end = end - 9  # the fast paths below read at most 9 bytes without checking the end
 
-    def too_big(value: _Value) -> BoundsError:
-        if value.depth > max_depth:
+    def too_big(value: list[int]) -> BoundsError:
+        if value[1] > max_depth:
             return BoundsError(f"values nest deeper than {max_depth} levels", "max_depth")
         return BoundsError(
             f"a value expands to more than {max_size} bytes through shared references "
@@ -265,13 +264,97 @@ def check_pickle(data: bytes, limits: Limits) -> None:
 
     while pos < end:
         code = data[pos]
-        if code in _RUN_START and pos >= run_end:
+        # Fast paths for the opcodes that make up a structured dump (numbers, memo reads and writes, strings, marks,
+        # tuples, dict and list items): the same rules as the general path below, without its table lookups.
+        # Anything malformed, rare or near the end of the data takes the general path, which names the problem.
+        if code in _RUN_START:
+            width = _WIDTHS[code]
+            if pos < run_end or (pos + width < end and data[pos + width] not in _RUN_START):
+                push([width, 0])  # inside a run measured earlier, or a lone number
+                pos += width
+                continue
             after = _run_end(data, pos)
-            if marks and after < end and data[after] in _MARK_CONSUMERS:
-                stack.append(_Value(after - pos, 0))  # one entry for the run: a mark consumer takes all
+            if after > pos:
+                if marks and after < end and data[after] in _MARK_CONSUMERS:
+                    push([after - pos, 0])  # one entry for the run: a mark consumer takes all
+                else:
+                    run_end = after  # not followed by a mark consumer: go through it opcode by opcode
+                    push([width, 0])
+                    after = pos + width
                 pos = after
                 continue
-            run_end = after  # not followed by a mark consumer: go through it opcode by opcode
+        elif pos < fast_end:
+            if code == _BINGET or code == _LONG_BINGET:
+                key = data[pos + 1] if code == _BINGET else int.from_bytes(data[pos + 1 : pos + 5], "little")
+                value = memo.get(key)
+                if value is not None:
+                    push(value)
+                    pos += 2 if code == _BINGET else 5
+                    continue
+            elif code == _BINPUT or code == _LONG_BINPUT:
+                if stack and not (marks and marks[-1] == len(stack)):
+                    if code == _BINPUT:
+                        memo[data[pos + 1]] = stack[-1]
+                        pos += 2
+                    else:
+                        memo[int.from_bytes(data[pos + 1 : pos + 5], "little")] = stack[-1]
+                        pos += 5
+                    continue
+            elif code == _BINUNICODE or code == _SHORT_BINUNICODE:
+                if code == _BINUNICODE:
+                    after = pos + 5 + int.from_bytes(data[pos + 1 : pos + 5], "little")
+                else:
+                    after = pos + 2 + data[pos + 1]
+                if after <= end:
+                    push([after - pos, 0])
+                    pos = after
+                    continue
+            elif code == _MARK:
+                marks.append(len(stack))
+                pos += 1
+                continue
+            elif code in _EMPTY:
+                push([1, 0])
+                pos += 1
+                continue
+            elif code == _SETITEMS or code == _APPENDS:
+                if marks and marks[-1] > (marks[-2] if len(marks) > 1 else 0):
+                    bottom = marks.pop()
+                    items = stack[bottom:]
+                    del stack[bottom:]
+                    container = stack[-1]
+                    if items:
+                        if code == _SETITEMS:
+                            for key_value in items[0::2]:
+                                if key_value[0] > max_key:
+                                    raise BoundsError(
+                                        f"a dict key expands to more than {max_key} bytes", "max_key_bytes"
+                                    )
+                        size, depth = container[0] + 1, container[1]
+                        for item in items:
+                            size += item[0]
+                            if item[1] >= depth:
+                                depth = item[1] + 1
+                        container[0], container[1] = size, depth
+                        if size > max_size or depth > max_depth:
+                            raise too_big(container)
+                    pos += 1
+                    continue
+            elif code in _COMBINE_TOP:
+                count = _COMBINE_TOP[code]
+                floor = marks[-1] if marks else 0
+                if len(stack) - count >= floor:
+                    size, depth = 1, 0
+                    for item in stack[len(stack) - count :]:
+                        size += item[0]
+                        if item[1] >= depth:
+                            depth = item[1] + 1
+                    value = [size, depth]
+                    if size > max_size or depth > max_depth:
+                        raise too_big(value)
+                    stack[len(stack) - count :] = [value]
+                    pos += 1
+                    continue
         entry = _OPS.get(code)
         if entry is None:
             raise BoundsError(f"malformed pickle: unknown opcode {bytes([code])!r} at byte {pos}")
@@ -281,23 +364,16 @@ def check_pickle(data: bytes, limits: Limits) -> None:
             raise BoundsError(f"malformed pickle: {name} at byte {pos} runs past the end")
         size = arg_end - pos
         if category == _NEW and not prefix and not marked:  # a leaf: number, string, empty container, global
-            stack.append(_Value(size, 0))
+            push([size, 0])
         elif category == _MEMO_PUT or category == _MEMOIZE:
             if not stack or (marks and marks[-1] == len(stack)):
                 raise BoundsError(f"malformed pickle: memo store on an empty stack at byte {pos}")
-            if category == _MEMOIZE:
-                key = len(memo)
-            elif kind > 0:  # BINPUT / LONG_BINPUT inline: memo operations are a third of a structured dump's opcodes
-                key = int.from_bytes(data[pos + 1 : arg_end], "little")
-            else:
-                key = _memo_key(data, pos, arg_end, kind)
-            memo[key] = stack[-1]
+            memo[len(memo) if category == _MEMOIZE else _memo_key(data, pos, arg_end, kind)] = stack[-1]
         elif category == _MEMO_GET:
-            key = int.from_bytes(data[pos + 1 : arg_end], "little") if kind > 0 else _memo_key(data, pos, arg_end, kind)
-            value = memo.get(key)
+            value = memo.get(_memo_key(data, pos, arg_end, kind))
             if value is None:
                 raise BoundsError(f"malformed pickle: memo key read before it is set at byte {pos}")
-            stack.append(value)
+            push(value)
         elif category == _MARK_OP:
             marks.append(len(stack))
         elif category == _POP and marks and marks[-1] == len(stack):
@@ -307,7 +383,7 @@ def check_pickle(data: bytes, limits: Limits) -> None:
         elif category == _STOP:
             return
         else:
-            items: list[Any] = []
+            items = []
             if marked:
                 if not marks:
                     raise BoundsError(f"malformed pickle: {name} without a MARK at byte {pos}")
@@ -322,24 +398,24 @@ def check_pickle(data: bytes, limits: Limits) -> None:
                 del stack[len(stack) - prefix :]
             if category == _IN_PLACE:
                 container, others = popped[0], popped[1:] + items
-                if name in ("SETITEM", "SETITEMS") and any(k.size > max_key for k in others[0::2]):
+                if name in ("SETITEM", "SETITEMS") and any(k[0] > max_key for k in others[0::2]):
                     raise BoundsError(f"a dict key expands to more than {max_key} bytes", "max_key_bytes")
                 if others:
-                    container.size += size + sum(v.size for v in others)
-                    container.depth = max(container.depth, 1 + max(v.depth for v in others))
-                    if container.size > max_size or container.depth > max_depth:
+                    container[0] += size + sum(v[0] for v in others)
+                    container[1] = max(container[1], 1 + max(v[1] for v in others))
+                    if container[0] > max_size or container[1] > max_depth:
                         raise too_big(container)
-                stack.append(container)
+                push(container)
             elif category == _POP or category == _POP_MARK:
                 pass
             elif category == _DUP:
                 stack.extend(popped * 2)
             else:
                 children = popped + items
-                if name == "DICT" and any(k.size > max_key for k in items[0::2]):
+                if name == "DICT" and any(k[0] > max_key for k in items[0::2]):
                     raise BoundsError(f"a dict key expands to more than {max_key} bytes", "max_key_bytes")
-                value = _Value(size + sum(v.size for v in children), 1 + max((v.depth for v in children), default=-1))
-                if value.size > max_size or value.depth > max_depth:
+                value = [size + sum(v[0] for v in children), 1 + max((v[1] for v in children), default=-1)]
+                if value[0] > max_size or value[1] > max_depth:
                     raise too_big(value)
                 stack.extend([value] * pushes)
         pos = arg_end
