@@ -67,7 +67,9 @@ def test_progress_names_what_the_memory_figure_measures(tmp_path):
     publisher = ProgressPublisher(str(tmp_path))
     publisher.publish(ProgressReport(completed=3, total=3, memory=progress_memory(memory_peak(make_report().rollouts))))
     data = json.loads((tmp_path / "progress.json").read_text())
-    assert data["memory"] == {"source": "rss", "peakRssGiB": 4.0, "rank": 0}
+    assert data["memory"] == {"source": "rss", "peakRssGiB": 4.0, "rank": 0, "device": "cpu"}
     gpu = progress_memory(memory_peak(make_report(on_gpu=True).rollouts)).model_dump(by_alias=True, exclude_none=True)
-    assert gpu == {"source": "cuda", "peakAllocatedGiB": 4.0, "peakReservedGiB": 5.0, "rank": 0}
+    assert {k: v for k, v in gpu.items() if k != "device"} == {
+        "source": "cuda", "peakAllocatedGiB": 4.0, "peakReservedGiB": 5.0, "rank": 0}
+    assert gpu["device"].startswith("cuda")
     assert progress_memory(None) is None

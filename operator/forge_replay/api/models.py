@@ -1292,6 +1292,17 @@ class RolloutProgress(_Model):
     total: int = Field(default=0, description="Rollouts to train.")
 
 
+class DevicePeaks(_Model):
+    """One node's GPUs, as a device-level sampler saw them (``source``), with slime / miles."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    source: Literal["nvml"] = Field(description="nvml: NVML's used memory per GPU (or nvidia-smi's, the same figure).")
+    peak_used_gib: dict[str, float] = Field(
+        alias="peakUsedGiB", description="Peak used memory (GiB) per GPU index on the node."
+    )
+
+
 class MemoryPeak(_Model):
     """The highest memory peak over all ranks and steps, named by what it measures (``source``)."""
 
@@ -1312,6 +1323,19 @@ class MemoryPeak(_Model):
         default=None, alias="peakRssGiB", description="Peak resident set size of the trainer process (GiB); CPU runs."
     )
     rank: int | None = Field(default=None, description="The trainer rank that reached the peak.")
+    device: str | None = Field(default=None, description="The device of that peak (cuda:N, or cpu).")
+    host: str | None = Field(
+        default=None, description="slime / miles: the node of the process that reached the peak (no rank is known)."
+    )
+    pid: int | None = Field(default=None, description="slime / miles: that process's id on its node.")
+    processes: int | None = Field(
+        default=None, description="slime / miles: how many trainer processes the memory probe recorded."
+    )
+    gpus: dict[str, DevicePeaks] | None = Field(
+        default=None,
+        description="slime / miles: per node, every GPU's peak used memory at device level (sglang's KV cache and "
+        "CUDA graphs included, which no trainer's allocator sees).",
+    )
 
 
 class ExpectationResult(_Model):

@@ -179,7 +179,8 @@ def progress_memory(peak: dict | None):
     if not peak:
         return None
     return MemoryPeak(source=peak["source"], peak_allocated_gib=peak["peak_allocated_gib"],
-                      peak_reserved_gib=peak["peak_reserved_gib"], peak_rss_gib=peak["peak_rss_gib"], rank=peak["rank"])
+                      peak_reserved_gib=peak["peak_reserved_gib"], peak_rss_gib=peak["peak_rss_gib"], rank=peak["rank"],
+                      device=peak.get("device"))
 
 
 def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_first_step: float | None) -> dict:
