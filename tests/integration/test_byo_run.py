@@ -51,3 +51,9 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     # the memory probe (Ray's worker_process_setup_hook) saw the Ray workers that held the torch tensors
     peak = record["memory_peak"]
     assert peak["source"] == "rss" and peak["peak_rss_gib"] >= 96 / 1024 and peak["pid"] > 0, peak
+    # the entrypoint's publish step wrote report.json and progress.json after the script, as it does in a pod
+    written = json.loads((tmp_path / "results" / "report.json").read_text())
+    assert (written["backend"], written["exit_code"], written["job"]) == ("miles", 0, "byo-miles")
+    assert written["summary"]["memory_peak"]["peak_rss_gib"] >= 96 / 1024
+    progress = json.loads((tmp_path / "results" / "progress.json").read_text())
+    assert progress["result"]["phase"] == "Succeeded" and progress["completed"] == 3

@@ -57,14 +57,36 @@ def test_golden_cases_cover_both_backends_and_modes() -> None:
     assert {"slime-forge", "slime-debug-upstream", "miles-forge-colocated", "miles-debug"} <= set(CASES)
 
 
+def shell_commands(line: str) -> list[list[str]]:
+    """A shell line's commands (split at ``;``), each as its words, ``&&`` kept as a word."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&")
+    lexer.whitespace_split = True
+    commands: list[list[str]] = [[]]
+    for word in lexer:
+        if word == ";":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return commands
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_entrypoint_runs_the_team_script_with_the_injected_flags(case: str) -> None:
     job = _job(case)
     trainer = job.spec.trainer
-    words = shlex.split(_ray_job(case)["spec"]["entrypoint"])
-    assert words[:4] == ["cd", trainer.working_dir, "&&", "python3"]
-    assert words[4] == trainer.script
-    assert words[5:] == [*trainer.args, *injected_argv(job.spec, DUMPS_MOUNT)]
+    script, *after = shell_commands(_ray_job(case)["spec"]["entrypoint"])
+    assert script[:4] == ["cd", trainer.working_dir, "&&", "python3"]
+    assert script[4] == trainer.script
+    assert script[5:] == [*trainer.args, *injected_argv(job.spec, DUMPS_MOUNT)]
+    # then the memory report, whatever the script's status, and the script's status as the job's
+    assert after[0] == ["code=$?"] and after[-1] == ["exit", "$code"]
+    publish = after[1]
+    assert publish[:3] == ["python3", "-m", "forge_replay.backends.publish"]
+    options = dict(zip(publish[3::2], publish[4::2]))
+    probe_dir = json.loads(_ray_job(case)["spec"]["runtimeEnvYAML"])["env_vars"][PROBE_DIR_ENV]
+    assert options["--results"] == probe_dir.removesuffix("/probe") and options["--results"].startswith(RESULTS_MOUNT)
+    assert options["--configmap"] == f"{job.metadata.name}-progress" and options["--exit-code"] == "$code"
+    assert options["--total"] == str(job.spec.replay.num_rollouts)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -28,10 +28,27 @@ def command(spec: Any, dumps_root: str) -> list[str]:
     return ["python3", spec.trainer.script, *spec.trainer.args, *injected_argv(spec, dumps_root)]
 
 
-def entrypoint(spec: Any, dumps_root: str, working_dir: str | None = None) -> str:
-    """The shell line a RayJob runs: ``cd <workingDir> && python3 <script> ...``, every word quoted."""
+PUBLISH_MODULE = "forge_replay.backends.publish"
+"""Run after the team's script: the memory probe's report into report.json and status.memory."""
+
+
+def entrypoint(spec: Any, dumps_root: str, working_dir: str | None = None, results_dir: str | None = None,
+               job_name: str = "", progress_configmap: str | None = None) -> str:
+    """The shell line a RayJob runs: ``cd <workingDir> && python3 <script> ...``, every word quoted.
+
+    With ``results_dir``, the memory report is published once the script has ended, whatever its exit status
+    (``python3 -m forge_replay.backends.publish``, into ``progress_configmap`` too when given); the line still
+    exits with the script's status."""
     folder = working_dir if working_dir is not None else spec.trainer.working_dir
-    return f"cd {shlex.quote(folder)} && {shlex.join(command(spec, dumps_root))}"
+    run = f"cd {shlex.quote(folder)} && {shlex.join(command(spec, dumps_root))}"
+    if results_dir is None:
+        return run
+    publish = ["python3", "-m", PUBLISH_MODULE, "--results", results_dir, "--job", job_name,
+               "--backend", spec.trainer.backend, "--script", spec.trainer.script,
+               "--total", str(spec.replay.num_rollouts)]
+    if progress_configmap:
+        publish += ["--configmap", progress_configmap]
+    return f'{run}; code=$?; {shlex.join(publish)} --exit-code "$code"; exit "$code"'
 
 
 def env_vars(spec: Any, forge_lib: str = FORGE_LIB_MOUNT) -> dict[str, str]:

@@ -3,7 +3,8 @@
 ``workingDir`` maps to DIR, the dumps claim to the local dumps root; the entrypoint and the runtime env are the
 operator's (backends.launch), with this machine's forge_replay on PYTHONPATH in place of the init container's copy.
 The job's output is printed as it comes and kept in ``<results>/trainer.log``; ``<results>/job.json`` records the
-entrypoint, the Ray job id, how it ended and the memory probe's peak over the job's Ray workers (backends.probe).
+entrypoint, the Ray job id, how it ended and the memory probe's peak over the job's Ray workers (backends.probe);
+``<results>/report.json`` is what the entrypoint's publish step wrote (backends.publish), as in a pod.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_replay.backends import launch, probe
+from forge_replay.backends.publish import PROBE_FOLDER
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -28,13 +30,16 @@ def package_root() -> str:
     return str(Path(__file__).resolve().parent.parent.parent)
 
 
-def local_plan(spec: Any, trainer_root: str, dumps_root: str, results_dir: str) -> dict[str, Any]:
-    """The entrypoint and runtime env of a local run (the memory probe writing under ``<results>/probe``): pure,
-    so a test can read what would be run."""
+def local_plan(spec: Any, trainer_root: str, dumps_root: str, results_dir: str,
+               job_name: str = "") -> dict[str, Any]:
+    """The entrypoint and runtime env of a local run (the memory probe writing under ``<results>/probe``, its
+    report in ``<results>/report.json`` once the script has ended): pure, so a test can read what would be run."""
     env = {"env_vars": launch.env_vars(spec, forge_lib=package_root())}
+    results = os.path.abspath(results_dir)
     return {
-        "entrypoint": launch.entrypoint(spec, os.path.abspath(dumps_root), working_dir=os.path.abspath(trainer_root)),
-        "runtime_env": launch.with_probe(env, os.path.join(os.path.abspath(results_dir), "probe")),
+        "entrypoint": launch.entrypoint(spec, os.path.abspath(dumps_root), working_dir=os.path.abspath(trainer_root),
+                                        results_dir=results, job_name=job_name),
+        "runtime_env": launch.with_probe(env, os.path.join(results, PROBE_FOLDER)),
     }
 
 
@@ -98,9 +103,9 @@ def _submit(head: LocalHead, plan: dict[str, Any], wait_s: float = 180.0) -> tup
 
 
 def run_local(spec: Any, trainer_root: str, dumps_root: str, results_dir: str, echo: Callable[[str], None],
-              poll_s: float = 0.5) -> str:
+              poll_s: float = 0.5, job_name: str = "") -> str:
     """Run the team's script as a Ray job on a new local Ray head; returns the job's final status (SUCCEEDED, ...)."""
-    plan = local_plan(spec, trainer_root, dumps_root, results_dir)
+    plan = local_plan(spec, trainer_root, dumps_root, results_dir, job_name)
     os.makedirs(results_dir, exist_ok=True)
     cpus = max(2, spec.trainer.nodes)
     echo(f"starting a local Ray ({cpus} CPUs), then {spec.trainer.backend}'s {spec.trainer.script} as a Ray job")
@@ -123,7 +128,7 @@ def run_local(spec: Any, trainer_root: str, dumps_root: str, results_dir: str, e
                 time.sleep(poll_s)
         info = client.get_job_info(job_id)
         record = {"backend": spec.trainer.backend, "jobId": job_id, "status": status, "message": info.message,
-                  "memory_peak": probe.memory_peak(os.path.join(results_dir, "probe")), **plan}
+                  "memory_peak": probe.memory_peak(os.path.join(results_dir, PROBE_FOLDER)), **plan}
         Path(results_dir, "job.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         return status
     finally:
@@ -160,6 +165,6 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
         from forge_replay.api.cli import UPSTREAM_LOADER_NOTE
 
         err(f"{file}: note: {UPSTREAM_LOADER_NOTE}")
-    status = run_local(spec, trainer_root, dumps_root, results_dir, err)
+    status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; its log and job.json in {results_dir}")
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED

@@ -17,6 +17,7 @@ from forge_replay.api import paths
 from forge_replay.api.models import MUTABLE_AFTER_LAUNCH
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.backends import launch, worker_nodes
+from forge_replay.backends.publish import PROBE_FOLDER
 from forge_replay.controller import naming
 from forge_replay.controller.settings import OperatorSettings
 
@@ -66,18 +67,21 @@ def owner_reference(job: ForgeReplayJob) -> dict[str, Any] | None:
 def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeConfig:
     """The runtime's input file: the job (name, namespace, spec) plus the mount points."""
     meta = ObjectMeta(name=job.metadata.name, namespace=job.metadata.namespace)
-    folder = naming.results_folder(job.metadata.namespace, _name(job), job.metadata.uid)
     clean = ForgeReplayJob(metadata=meta, spec=job.spec)
     return RuntimeConfig(
         job=clean,
         dumps_root=paths.DUMPS_MOUNT,
-        # The run's own folder of the results PVC (or of an emptyDir when spec.results.claimName is empty).
-        results_dir=f"{paths.RESULTS_MOUNT}/{folder}",
+        results_dir=_results_dir(job),
         model_root=paths.MODEL_MOUNT if job.spec.model.path else None,
         engine_command=settings.engine_command,
         progress_configmap=naming.progress_map_name(_name(job)),
         baseline_path=_baseline_file(job),
     )
+
+
+def _results_dir(job: ForgeReplayJob) -> str:
+    """The run's own folder of the results PVC (or of an emptyDir when spec.results.claimName is empty)."""
+    return f"{paths.RESULTS_MOUNT}/{naming.results_folder(job.metadata.namespace, _name(job), job.metadata.uid)}"
 
 
 def _baseline_file(job: ForgeReplayJob) -> str | None:
@@ -521,7 +525,10 @@ def _byo(job: ForgeReplayJob) -> bool:
 
 def _entrypoint(job: ForgeReplayJob) -> str:
     """Our runtime for the builtin trainer; ``cd <workingDir> && python3 <script> <args + injected>`` else."""
-    return launch.entrypoint(job.spec, paths.DUMPS_MOUNT) if _byo(job) else ENTRYPOINT
+    if not _byo(job):
+        return ENTRYPOINT
+    return launch.entrypoint(job.spec, paths.DUMPS_MOUNT, results_dir=_results_dir(job), job_name=_name(job),
+                             progress_configmap=naming.progress_map_name(_name(job)))
 
 
 def _byo_runtime_env(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
@@ -529,7 +536,7 @@ def _byo_runtime_env(job: ForgeReplayJob, settings: OperatorSettings) -> dict[st
     with the memory probe in every Ray worker writing under the run's results folder."""
     if not _byo(job):
         return {}
-    probe_dir = f"{runtime_config(job, settings).results_dir}/probe"
+    probe_dir = f"{_results_dir(job)}/{PROBE_FOLDER}"
     env = launch.with_probe(launch.runtime_env(job.spec), probe_dir)
     return {"runtimeEnvYAML": json.dumps(env, sort_keys=True)}  # JSON is YAML
 

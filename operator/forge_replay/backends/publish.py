@@ -1,0 +1,163 @@
+"""After a slime / miles script ends: its memory report, where the builtin trainer's goes.
+
+The entrypoint (``launch.entrypoint``) runs ``python3 -m forge_replay.backends.publish`` once the team's script has
+exited, whatever its exit status. It reads the memory probe's files (``<results>/probe``, backends.probe) and
+writes ``<results>/report.json`` (``summary.memory_peak`` as the builtin trainer writes it) and
+``<results>/progress.json``; in a pod it also patches the job's progress ConfigMap with the ServiceAccount token the
+head pod mounts, so the operator copies the peak into ``status.memory`` as it does for the builtin trainer.
+
+Standard library only: the team's image has no kubernetes client (nor pydantic). Publishing never changes the
+job's outcome: a failure is printed, and the script's own exit status is the job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import ssl
+import sys
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from forge_replay.backends.probe import memory_peak
+
+SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+PROGRESS_KEY = "progress.json"  # forge_replay.api.progress.PROGRESS_KEY (a test keeps them equal)
+PROBE_FOLDER = "probe"
+"""Where, under the run's results folder, the probe of every Ray worker writes."""
+
+_CAMEL = {"source": "source", "peak_allocated_gib": "peakAllocatedGiB", "peak_reserved_gib": "peakReservedGiB",
+          "peak_rss_gib": "peakRssGiB", "rank": "rank", "host": "host", "pid": "pid", "device": "device",
+          "processes": "processes"}
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def progress_memory(peak: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The probe's peak (``probe.memory_peak``) as progress.json and ``status.memory`` carry it (camelCase,
+    ``api.models.MemoryPeak``); None when the probe recorded nothing."""
+    if not peak:
+        return None
+    memory = {camel: peak[key] for key, camel in _CAMEL.items() if peak.get(key) is not None}
+    if peak.get("gpus"):
+        memory["gpus"] = {host: {"source": record["source"], "peakUsedGiB": record["peak_used_gib"]}
+                          for host, record in peak["gpus"].items()}
+    return memory
+
+
+def outcome(exit_code: int, script: str) -> tuple[str, str]:
+    """The run's phase and one-line message from the script's exit status."""
+    if exit_code == 0:
+        return "Succeeded", ""
+    return "Failed", f"{script} exited with status {exit_code}"
+
+
+def report(job: str, backend: str, script: str, exit_code: int, total: int, peak: dict[str, Any] | None,
+           finished_at: str) -> dict[str, Any]:
+    """report.json of a slime / miles run: the builtin trainer's keys that mean something here."""
+    phase, message = outcome(exit_code, script)
+    return {"job": job, "backend": backend, "script": script, "exit_code": exit_code, "partial": False,
+            "planned": total, "error": message or None, "finished_at": finished_at,
+            "summary": {"memory_peak": peak}}
+
+
+def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | None,
+             finished_at: str) -> dict[str, Any]:
+    """progress.json (``api.progress.ProgressReport``, camelCase) once the script has ended. The script trained
+    every rollout when it exited 0 (its ``--num-rollout`` is forge-replay's end bound); otherwise how many it
+    trained is not known here, and ``completed`` stays 0."""
+    phase, message = outcome(exit_code, script)
+    document: dict[str, Any] = {"completed": total if phase == "Succeeded" else 0, "total": total,
+                                "updatedAt": finished_at,
+                                "result": {"phase": phase, "message": message, "finishedAt": finished_at}}
+    memory = progress_memory(peak)
+    if memory is not None:
+        document["memory"] = memory
+    return document
+
+
+def _write(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.part")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, path)
+
+
+def patch_configmap(server: str, token: str, ca_file: str | None, namespace: str, name: str, text: str,
+                    timeout_s: float = 10.0) -> None:
+    """Merge ``text`` into the ConfigMap's ``progress.json`` (the runtime's Role allows get/patch of that one)."""
+    body = json.dumps({"data": {PROGRESS_KEY: text}}).encode()
+    request = urllib.request.Request(
+        f"{server}/api/v1/namespaces/{namespace}/configmaps/{name}", data=body, method="PATCH",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"})
+    context = ssl.create_default_context(cafile=ca_file)
+    with urllib.request.urlopen(request, context=context, timeout=timeout_s) as response:
+        response.read()
+
+
+def in_cluster() -> tuple[str, str, str, str] | None:
+    """(API server URL, token, CA file, namespace) from the pod's ServiceAccount mount; None outside a pod."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    token_file = SERVICEACCOUNT / "token"
+    if not host or not token_file.is_file():
+        return None
+    namespace = os.environ.get("POD_NAMESPACE") or (SERVICEACCOUNT / "namespace").read_text().strip()
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{port}", token_file.read_text().strip(), str(SERVICEACCOUNT / "ca.crt"), namespace
+
+
+def publish(results: str, job: str, backend: str, script: str, exit_code: int, total: int,
+            configmap: str | None, api: tuple[str, str, str | None, str] | None) -> list[str]:
+    """Write report.json and progress.json under ``results`` and patch ``configmap`` through ``api``; returns the
+    problems met (each one line), none of which stops the others."""
+    peak = memory_peak(os.path.join(results, PROBE_FOLDER)) if os.path.isdir(os.path.join(results, PROBE_FOLDER)) \
+        else None
+    finished = now_rfc3339()
+    text = json.dumps(progress(exit_code, script, total, peak, finished), sort_keys=True)
+    problems = []
+    try:
+        os.makedirs(results, exist_ok=True)
+        _write(Path(results, "report.json"),
+               json.dumps(report(job, backend, script, exit_code, total, peak, finished), indent=1, sort_keys=True)
+               + "\n")
+        _write(Path(results, PROGRESS_KEY), text)
+    except OSError as exc:
+        problems.append(f"cannot write report.json / progress.json under {results}: {exc}")
+    if configmap and api is not None:
+        server, token, ca_file, namespace = api
+        try:
+            patch_configmap(server, token, ca_file, namespace, configmap, text)
+        except (OSError, urllib.error.URLError, ssl.SSLError) as exc:
+            problems.append(f"cannot patch ConfigMap {namespace}/{configmap} with the memory report: {exc}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m forge_replay.backends.publish --results DIR --exit-code N ...``: always exits 0."""
+    parser = argparse.ArgumentParser(prog="python3 -m forge_replay.backends.publish", description=__doc__)
+    parser.add_argument("--results", required=True, help="the run's results folder (the probe writes under it)")
+    parser.add_argument("--exit-code", type=int, required=True, help="the team's script's exit status")
+    parser.add_argument("--job", default="", help="the ForgeReplayJob's name")
+    parser.add_argument("--backend", required=True, choices=["slime", "miles"])
+    parser.add_argument("--script", default="train.py")
+    parser.add_argument("--total", type=int, required=True, help="rollouts the script was asked to train")
+    parser.add_argument("--configmap", default=None, help="the job's progress ConfigMap (in a pod)")
+    args = parser.parse_args(argv)
+    api = in_cluster() if args.configmap else None
+    problems = publish(args.results, args.job, args.backend, args.script, args.exit_code, args.total,
+                       args.configmap, api)
+    for problem in problems:
+        print(f"forge-replay: {problem} (the job's outcome is the script's)", file=sys.stderr)
+    if not problems:
+        print(f"forge-replay: memory report written to {os.path.join(args.results, 'report.json')}"
+              + (f" and ConfigMap {args.configmap}" if api is not None else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
