@@ -166,5 +166,6 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
 
         err(f"{file}: note: {UPSTREAM_LOADER_NOTE}")
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
-    err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; its log and job.json in {results_dir}")
+    err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
+        f"report (report.json) in {results_dir}")
     return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
