@@ -23,7 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from forge_replay.backends import BACKENDS
 from forge_replay.backends.probe import memory_peak
+from forge_replay.runtime.results import write_atomically
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PROGRESS_KEY = "progress.json"  # forge_replay.api.progress.PROGRESS_KEY (a test keeps them equal)
@@ -82,12 +84,6 @@ def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | Non
     return document
 
 
-def _write(path: Path, text: str) -> None:
-    partial = path.with_name(f".{path.name}.part")
-    partial.write_text(text, encoding="utf-8")
-    os.replace(partial, path)
-
-
 def patch_configmap(server: str, token: str, ca_file: str | None, namespace: str, name: str, text: str,
                     timeout_s: float = 10.0) -> None:
     """Merge ``text`` into the ConfigMap's ``progress.json`` (the runtime's Role allows get/patch of that one)."""
@@ -115,17 +111,16 @@ def publish(results: str, job: str, backend: str, script: str, exit_code: int, t
             configmap: str | None, api: tuple[str, str, str | None, str] | None) -> list[str]:
     """Write report.json and progress.json under ``results`` and patch ``configmap`` through ``api``; returns the
     problems met (each one line), none of which stops the others."""
-    peak = memory_peak(os.path.join(results, PROBE_FOLDER)) if os.path.isdir(os.path.join(results, PROBE_FOLDER)) \
-        else None
+    peak = memory_peak(os.path.join(results, PROBE_FOLDER))  # None when the folder is missing or empty
     finished = now_rfc3339()
     text = json.dumps(progress(exit_code, script, total, peak, finished), sort_keys=True)
     problems = []
     try:
         os.makedirs(results, exist_ok=True)
-        _write(Path(results, "report.json"),
-               json.dumps(report(job, backend, script, exit_code, total, peak, finished), indent=1, sort_keys=True)
-               + "\n")
-        _write(Path(results, PROGRESS_KEY), text)
+        write_atomically(Path(results, "report.json"),
+                         json.dumps(report(job, backend, script, exit_code, total, peak, finished), indent=1,
+                                    sort_keys=True) + "\n")
+        write_atomically(Path(results, PROGRESS_KEY), text)
     except OSError as exc:
         problems.append(f"cannot write report.json / progress.json under {results}: {exc}")
     if configmap and api is not None:
@@ -143,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", required=True, help="the run's results folder (the probe writes under it)")
     parser.add_argument("--exit-code", type=int, required=True, help="the team's script's exit status")
     parser.add_argument("--job", default="", help="the ForgeReplayJob's name")
-    parser.add_argument("--backend", required=True, choices=["slime", "miles"])
+    parser.add_argument("--backend", required=True, choices=BACKENDS)
     parser.add_argument("--script", default="train.py")
     parser.add_argument("--total", type=int, required=True, help="rollouts the script was asked to train")
     parser.add_argument("--configmap", default=None, help="the job's progress ConfigMap (in a pod)")
