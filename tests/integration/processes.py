@@ -46,7 +46,17 @@ def left_behind(procs: list, sessions: set[int], wait_s: float = 10.0) -> list[s
 
     _, alive = psutil.wait_procs(procs, timeout=wait_s)
     alive += [p for p in psutil.process_iter() if p not in alive and _sid(p.pid) in sessions]
-    return [" ".join(_cmdline(p)[:3]) for p in alive]
+    # One that ended between the wait and this look (or is a zombie waiting for init) is not left behind.
+    return [" ".join(_cmdline(p)[:3]) for p in alive if _running(p)]
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone
+        return False
 
 
 def _sid(pid: int) -> int | None:
