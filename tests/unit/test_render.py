@@ -180,6 +180,10 @@ def test_runtime_role_allows_only_its_progress_configmap() -> None:
     ]
 
 
+RECORD = f"{RESULTS_MOUNT}/ml-platform/qwen3-8b-64k-memtest/3f1c2a9e/verify-record.json"
+"""Where forge-memtest's verify Job records what it checked: the run's folder of its results claim."""
+
+
 def test_verify_job_runs_dumps_verify_read_only_and_non_root() -> None:
     objects = _by_kind(render(_job("forge-memtest"), SETTINGS))
     verify = objects[("Job", "qwen3-8b-64k-memtest-verify")]
@@ -190,9 +194,14 @@ def test_verify_job_runs_dumps_verify_read_only_and_non_root() -> None:
         "forge-replay", "dumps", "verify", "--root", DUMPS_MOUNT, "--path", "run-42/rollout_{rollout_id}.pt",
         "--num-rollouts", "8", "--start-rollout-id", "2", "--eval-interval", "4", "--no-reward-key",
         "--model-config", '{"architectures":["Qwen3ForCausalLM"],"hidden_size":4096,"num_hidden_layers":36}',
+        "--jobs", "2", "--record", RECORD,
     ]  # fmt: skip
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert container["volumeMounts"] == [{"name": "dumps", "mountPath": DUMPS_MOUNT, "readOnly": True}]
+    # dumps read-only; the results claim, where it records what it checked for the runtime's pre-flight
+    assert container["volumeMounts"] == [{"name": "dumps", "mountPath": DUMPS_MOUNT, "readOnly": True},
+                                         {"name": "results", "mountPath": RESULTS_MOUNT}]
+    assert pod["volumes"][-1] == {"name": "results", "persistentVolumeClaim": {"claimName": "replay-results"}}
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["restartPolicy"] == "Never"
     assert "nodeSelector" not in pod  # verify needs no GPU node
@@ -215,12 +224,12 @@ def test_verify_job_checks_dict_rewards_under_the_spec_reward_key(tmp_path) -> N
     job = parse_job(doc)
     verify = _by_kind(render(job, SETTINGS))[("Job", f"{job.metadata.name}-verify")]
     command = verify["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[-4:-2] == ["--reward-key", "accuracy"]
+    assert command[-8:-6] == ["--reward-key", "accuracy"]
     args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
     assert dumps.get_command(None, "verify").make_context("verify", args).params["reward_key"] == "accuracy"
     doc["spec"]["replay"]["evalRewardKey"] = "pass"  # eval dumps are read under their own key
     command = verify_command(parse_job(doc))
-    assert command[-6:-2] == ["--reward-key", "accuracy", "--eval-reward-key", "pass"]
+    assert command[-10:-6] == ["--reward-key", "accuracy", "--eval-reward-key", "pass"]
     args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
     assert dumps.get_command(None, "verify").make_context("verify", args).params["eval_reward_key"] == "pass"
 

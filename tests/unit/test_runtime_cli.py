@@ -52,10 +52,42 @@ def test_forge_mode_without_sglang_or_engine_command_fails_fast(tmp_path):
     assert not list(tmp_path.glob("rollout_*.pt"))  # refused before anything was synthesized
 
 
-def test_a_missing_dumps_root_says_which_flag_to_pass(tmp_path):
-    result = invoke(tmp_path, doc(), "--dumps-root", str(tmp_path / "nowhere"))
-    assert result.exit_code == 1
+def test_a_missing_dumps_root_is_unusable_input_said_before_anything_is_written(tmp_path):
+    result = invoke(tmp_path, doc(), "--dumps-root", str(tmp_path / "nowhere"), "--results", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output  # unusable input, as the README says
     assert "dumps root" in result.output and "--dumps-root" in result.output and "--synth-missing" in result.output
+    assert not (tmp_path / "out").exists()  # no results folder made, no previous report set aside
+
+
+def test_a_missing_model_folder_is_unusable_input_before_synth_missing_writes_dumps(tmp_path):
+    document = doc()
+    document["spec"]["model"] = {"claimName": "models", "path": "Qwen3-8B"}
+    result = invoke(tmp_path, document, "--synth-missing", "--dumps-root", str(tmp_path / "dumps"),
+                    "--model-root", str(tmp_path / "models"), "--results", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert f"spec.model.path: checkpoint directory {tmp_path / 'models' / 'Qwen3-8B'} does not exist" in result.output
+    assert not (tmp_path / "dumps").exists() and not (tmp_path / "out").exists()  # nothing synthesized or set aside
+
+
+def test_the_in_cluster_runtime_exits_2_for_a_missing_model_folder_before_ray(tmp_path):
+    import ray
+
+    from forge_replay.api.runtime_config import RuntimeConfig
+    from forge_replay.runtime.__main__ import main
+
+    document = doc()
+    document["spec"]["model"] = {"claimName": "models", "path": "Qwen3-8B"}
+    (tmp_path / "dumps").mkdir()
+    config = RuntimeConfig(job=parse_job(document), dumps_root=str(tmp_path / "dumps"),
+                           results_dir=str(tmp_path / "out"), model_root=str(tmp_path / "models"))
+    (tmp_path / "config.yaml").write_text(config.to_yaml())
+    assert main(["--config", str(tmp_path / "config.yaml"), "--no-progress"]) == 2
+    assert "does not exist" in (tmp_path / "out" / "progress.json").read_text()
+    assert not ray.is_initialized()
+    config = config.model_copy(update={"dumps_root": str(tmp_path / "no-dumps")})
+    (tmp_path / "config.yaml").write_text(config.to_yaml())
+    assert main(["--config", str(tmp_path / "config.yaml"), "--no-progress"]) == 2
+    assert f"dumps root {tmp_path / 'no-dumps'} does not exist" in (tmp_path / "out" / "progress.json").read_text()
 
 
 def test_verify_refuses_a_missing_dump_before_ray_starts(tmp_path):

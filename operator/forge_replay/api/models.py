@@ -176,6 +176,21 @@ class DumpsSpec(_Model):
     )
 
 
+class VerifyResources(_Model):
+    """CPU and memory of the verify Job, which runs `forge-replay dumps verify --jobs <cpus>`: one worker process per
+    CPU, each holding one whole dump while it checks it."""
+
+    cpus: Int = Field(
+        default=2, ge=1, le=64,
+        description="CPUs requested (whole CPUs): verify runs this many worker processes, one dump each at a time.",
+    )
+    memory_gib: Int = Field(
+        default=8, ge=1, le=1024, alias="memoryGiB",
+        description="Memory request and limit in GiB. A loaded dump takes several times its file size (Python lists "
+        "of token ids): allow cpus x that of the largest dump (a 200 MB dump of 64k-token samples: about 2 GiB).",
+    )
+
+
 class ReplaySpec(_Model):
     """What is replayed and how."""
 
@@ -208,6 +223,10 @@ class ReplaySpec(_Model):
     verify: bool = Field(
         default=True,
         description="Check that every needed dump exists and loads safely before any GPU is requested.",
+    )
+    verify_resources: VerifyResources = Field(
+        default_factory=VerifyResources,
+        description="CPU and memory of the verify Job (with replay.verify); it checks that many dumps in parallel.",
     )
     reward_key: str | None = Field(
         default=None, max_length=253, description="Key of the reward to train on when dump rewards are dicts."

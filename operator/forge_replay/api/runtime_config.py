@@ -28,13 +28,18 @@ class RuntimeConfig(_Model):
     baseline_path: str | None = Field(
         default=None, description="The baseline report.json of spec.expect.baseline (mounted, or --baseline FILE)."
     )
+    verify_record: str | None = Field(
+        default=None,
+        description="The verify Job's record of the dumps it checked (on the results claim): the pre-flight trusts "
+        "the files it holds unchanged and verifies the rest.",
+    )
 
     def to_yaml(self) -> str:
         """Serialize as the YAML the runtime reads back."""
         doc = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         # Top-level None is meaningful (no results dir, no model volume): keep it, or it would read back as the default.
         for name, field in type(self).model_fields.items():
-            if name != "job" and not (name == "baseline_path" and self.baseline_path is None):  # no baseline: unsaid
+            if name != "job" and not (name in ("baseline_path", "verify_record") and getattr(self, name) is None):
                 doc[field.alias or name] = getattr(self, name)
         return yaml.safe_dump(doc, sort_keys=False)
 

@@ -20,6 +20,7 @@ from forge_replay.backends import launch, worker_nodes
 from forge_replay.backends.publish import PROBE_FOLDER
 from forge_replay.controller import naming
 from forge_replay.controller.settings import OperatorSettings
+from forge_replay.dumps.verify_record import RECORD_FILE
 
 ENTRYPOINT = f"python -m forge_replay.runtime --config {paths.CONFIG_PATH}"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -76,7 +77,17 @@ def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeCo
         engine_command=settings.engine_command,
         progress_configmap=naming.progress_map_name(_name(job)),
         baseline_path=_baseline_file(job),
+        verify_record=_verify_record(job),
     )
+
+
+def _verify_record(job: ForgeReplayJob) -> str | None:
+    """Where the verify Job records what it checked, for the runtime's pre-flight to trust: the run's folder of the
+    results claim, which both mount; None without the verify Job or a results claim (the runtime verifies all), and
+    for slime / miles, whose own script runs instead of the runtime."""
+    if not (job.spec.replay.verify and job.spec.results.claim_name) or _byo(job):
+        return None
+    return f"{_results_dir(job)}/{RECORD_FILE}"
 
 
 def _results_dir(job: ForgeReplayJob) -> str:
@@ -184,6 +195,9 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
         command += ["--model-config", json.dumps(model.config, sort_keys=True, separators=(",", ":"))]
     elif model.path:
         command += ["--model", f"{paths.MODEL_MOUNT}/{model.path}"]
+    command += ["--jobs", str(replay.verify_resources.cpus)]  # one worker per CPU it requests
+    if _verify_record(job):
+        command += ["--record", _verify_record(job)]
     return command
 
 
@@ -196,10 +210,7 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
         "imagePullPolicy": "IfNotPresent",
         "command": verify_command(job),
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *_user_env(job)],
-        "resources": {
-            "requests": {"cpu": settings.verify_cpu, "memory": settings.verify_memory},
-            "limits": {"memory": settings.verify_memory},
-        },
+        "resources": _verify_resources(job),
         "securityContext": _container_security(),
         # Whatever verify printed becomes the termination message, and so the condition message.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -209,6 +220,9 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
     if job.spec.model.path:  # its config.json gives the vocabulary and positions verify checks against
         volumes.append(_model_volume(job))
         container["volumeMounts"].append({"name": "model", "mountPath": paths.MODEL_MOUNT, "readOnly": True})
+    if _verify_record(job):  # the record of what it checked, in the run's folder (the runtime trusts it)
+        volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": job.spec.results.claim_name}})
+        container["volumeMounts"].append({"name": "results", "mountPath": paths.RESULTS_MOUNT})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -228,6 +242,13 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
             },
         },
     }
+
+
+def _verify_resources(job: ForgeReplayJob) -> dict[str, Any]:
+    """spec.replay.verifyResources: whole CPUs requested (verify runs that many workers), memory requested and limited."""
+    wanted = job.spec.replay.verify_resources
+    memory = f"{wanted.memory_gib}Gi"
+    return {"requests": {"cpu": str(wanted.cpus), "memory": memory}, "limits": {"memory": memory}}
 
 
 def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:

@@ -39,8 +39,6 @@ class OperatorSettings:
     shm_size: str = "16Gi"
     """Size of the in-memory /dev/shm of the Ray pods (NCCL and torch shared memory)."""
 
-    verify_cpu: str = "1"
-    verify_memory: str = "2Gi"
     verify_deadline_seconds: int = 3600
     """activeDeadlineSeconds of the verify Job: a hung verify fails instead of blocking forever."""
 

@@ -123,6 +123,12 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
               help="The model's checkpoint directory (spec.model.path): its config.json gives the vocabulary and"
               " positions the tokens must fit (read without weights; unreadable: noted, those checks skipped).")
 @click.option("--model-config", default=None, metavar="JSON", help="The model config (spec.model.config), as JSON.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes, each verifying one file at a time (memory: the largest file's times the"
+              " workers). Default: the CPUs this process may use (affinity and cgroup quota).")
+@click.option("--record", "record_path", default=None, metavar="FILE",
+              help="Write what was checked (per file: path, size, mtime, the settings) to FILE, for the runtime's"
+              " pre-flight to trust (the operator's verify Job writes it to the results claim).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_limit_option
 def verify(
@@ -139,6 +145,8 @@ def verify(
     n_samples_per_prompt: int | None,
     model_path: str | None,
     model_config: str | None,
+    jobs: int | None,
+    record_path: str | None,
     as_json: bool,
     limit_settings: tuple[str, ...],
 ) -> None:
@@ -151,7 +159,7 @@ def verify(
     all, as the operator's verify Job does (a dict reward without --reward-key is then refused).
     """
     from forge_replay.dumps.convert import NO_LIMITS, Conversion
-    from forge_replay.dumps.verify import model_limits, verify_dumps
+    from forge_replay.dumps.verify import VerifyWorkerDied, model_limits, usable_cpus, verify_dumps
 
     if no_reward_key and reward_key is not None:
         _fail("--no-reward-key and --reward-key contradict each other", code=2)
@@ -187,12 +195,24 @@ def verify(
             eval_reward_key=eval_reward_key,
             conversion=conversion,
             notes=notes,
+            jobs=jobs or usable_cpus(),
         )
     except ValueError as exc:
         _fail(str(exc), code=2)
+    except VerifyWorkerDied as exc:
+        _fail(str(exc))
     note = closed_to_others(dict.fromkeys(c.used_path for c in report.checks if c.used_path), root)
     if note:
         report.notes.append(note)
+    if record_path is not None:
+        from forge_replay.dumps.verify_record import record_document, write_record
+
+        try:  # not fatal: without a record the runtime verifies every file itself
+            write_record(record_path, record_document(report.settings.to_dict(), report.entries))
+            report.notes.append(f"recorded {len(report.entries)} verified file(s) in {record_path}")
+        except OSError as exc:
+            report.notes.append(f"cannot write the verify record {record_path} ({exc.strerror or exc}): the runtime"
+                                " will verify every file again")
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
     sys.exit(0 if report.ok else 1)
 

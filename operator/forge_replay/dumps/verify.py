@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -22,9 +23,9 @@ from forge_replay.api.dump_path import eval_path, is_template, path_problem, tra
 from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
 from forge_replay.dumps.files import load
-from forge_replay.dumps.progress import progress_bar
 from forge_replay.dumps.safe_pickle import DumpError
 from forge_replay.dumps.sample import Sample, SampleError
+from forge_replay.dumps.verify_record import record_key
 
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
@@ -80,6 +81,14 @@ class VerifyReport:
     root: str | None
     checks: list[FileCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # checks that were skipped, and why
+    settings: FileSettings | None = None
+    results: dict[tuple[str, str], FileResult] = field(default_factory=dict, repr=False)  # (path, kind) -> found
+    verified: dict[str, str] = field(default_factory=dict)  # files read here -> why ("" without a record)
+    trusted: list[str] = field(default_factory=list)  # files a verify record vouched for, unchanged since
+    entries: dict = field(default_factory=dict, repr=False)  # what a new verify record holds (files that passed)
+    record: str | None = None  # the verify record given to trust
+    record_note: str = ""  # why it was not used, when it was not
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -116,6 +125,25 @@ class VerifyReport:
             "files": [asdict(c) | {"problem": c.problem} for c in self.checks],
         }
 
+    def preflight(self) -> dict:
+        """What a pre-flight did, for report.json's ``preflight`` and its log line: files verified here and trusted
+        from the verify record, the seconds it took, the record, and why it was not used (``note``)."""
+        return {"verified": len(self.verified), "trusted": len(self.trusted), "seconds": round(self.seconds, 3),
+                "record": self.record, "note": self.record_note,
+                "verified_files": [record_key(p, self.root) for p in self.verified],
+                "trusted_files": [record_key(p, self.root) for p in self.trusted]}
+
+    def preflight_line(self) -> str:
+        """One log line: ``preflight: verified 1 file(s), trusted 3 file(s) from the verify record R (0.52 s)``, then
+        which files were verified and why, or why the record was not used."""
+        source = f" from the verify record {self.record}" if self.record else ""
+        line = (f"preflight: verified {len(self.verified)} file(s), trusted {len(self.trusted)} file(s){source}"
+                f" ({self.seconds:.2f} s)")
+        if self.record_note:
+            return f"{line}; {self.record_note}"
+        why = [f"{record_key(p, self.root)} ({reason})" for p, reason in self.verified.items() if reason]
+        return f"{line}; verified: {', '.join(why[:8])}{' ...' if len(why) > 8 else ''}" if why else line
+
     def summary(self) -> str:
         """One line per file plus a verdict, for humans and status messages."""
         lines = [f"note: {note}" for note in self.notes]
@@ -151,34 +179,204 @@ def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: b
 
 def model_limits(source: str | dict, *, builds_from_config: bool = False) -> tuple[ModelLimits, str]:
     """The model's ``vocab_size`` and ``max_position_embeddings`` from its config, read without weights as the trainer
-    reads it (a ``spec.model.config`` dict, or transformers' AutoConfig on the checkpoint directory or a name in the
-    local cache), and ""; when the config cannot be read, no limits and a note saying so (those checks are skipped:
-    a trainer of another image may read what this one cannot).
+    reads it (a ``spec.model.config`` dict, or the checkpoint directory's config.json), and ""; when the config
+    cannot be read, no limits and a note saying so (those checks are skipped: a trainer of another image may read
+    what this one cannot).
+
+    The common model types are read without importing transformers (:mod:`forge_replay.dumps.model_limits`);
+    others, and a checkpoint given as a name in the local cache, through transformers' AutoConfig.
 
     ``builds_from_config``: the builtin trainer builds its model from a config dict, so one that transformers refuses
     is the spec's own error and raises ModelError (a ValueError), before Ray starts rather than in the trainer."""
-    from forge_replay.runtime.trainer.model import ModelError, config_from_dict
+    import json
 
+    from forge_replay.dumps.model_limits import limits_from_dict
+
+    where = "spec.model.config" if isinstance(source, dict) else source
     try:
         if isinstance(source, dict):
-            config = config_from_dict(source)
-        else:
-            from transformers import AutoConfig
+            if builds_from_config:
+                from forge_replay.runtime.trainer.model import config_from_dict
 
-            config = AutoConfig.from_pretrained(source, local_files_only=True)
+                config_from_dict(source)  # raises ModelError for a config the trainer cannot build
+            data = source
+        elif os.path.isdir(source):
+            with open(os.path.join(source, "config.json"), encoding="utf-8") as handle:
+                data = json.load(handle)
+            if not isinstance(data, dict):
+                raise ValueError(f"config.json holds a {type(data).__name__}, not an object")
+        else:
+            data = None  # a name in the local cache: transformers knows where
+        limits = limits_from_dict(data) if data is not None else None
+        if limits is None:
+            limits = _limits_through_transformers(source)
     except Exception as exc:  # noqa: BLE001 - any reason a config cannot be read is reported, not fatal
+        from forge_replay.runtime.trainer.model import ModelError
+
         if builds_from_config and isinstance(exc, ModelError):
             raise
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        where = "spec.model.config" if isinstance(source, dict) else source
         return NO_LIMITS, (f"cannot read the model config of {where} ({reason}); token ids and sequence "
                            "lengths were not checked against the model's vocabulary and positions")
-    return ModelLimits(_positive(config, "vocab_size"), _positive(config, "max_position_embeddings")), ""
+    return limits, ""
+
+
+def _limits_through_transformers(source: str | dict) -> ModelLimits:
+    """What transformers' config class says (model types :mod:`~forge_replay.dumps.model_limits` does not know)."""
+    if isinstance(source, dict):
+        from forge_replay.runtime.trainer.model import config_from_dict
+
+        config = config_from_dict(source)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    return ModelLimits(_positive(config, "vocab_size"), _positive(config, "max_position_embeddings"))
 
 
 def _positive(config, name: str) -> int | None:
     value = getattr(config, name, None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+@dataclass(frozen=True)
+class FileSettings:
+    """What a file's verdict depends on besides its bytes: the conversion (reward key, samples per prompt, the model's
+    limits), the keys eval rewards are read under, and the loader's bounds. Recorded with every verify record."""
+
+    conversion: Conversion | None
+    reward_key: str | None
+    eval_reward_key: str | None
+    limits: Limits
+
+    def to_dict(self) -> dict:
+        c = self.conversion
+        conversion = None if c is None else {
+            "n_samples_per_prompt": c.n_samples_per_prompt, "normalize_std": c.normalize_std,
+            "reward_key": c.reward_key, "vocab_size": c.limits.vocab_size,
+            "max_position_embeddings": c.limits.max_positions,
+        }
+        return {"conversion": conversion, "reward_key": self.reward_key, "eval_reward_key": self.eval_reward_key,
+                "limits": asdict(self.limits)}
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """What verifying one file found: its samples, the dump's own rollout_id and masked-out samples, or an error."""
+
+    samples: int | None = None
+    error: str = ""
+    rollout_id: int | None = None
+    masked_out: int | None = None
+
+
+def verify_file(path: str, kind: str, settings: FileSettings) -> FileResult:
+    """Load one dump safely and check it as ``kind``: a train dump through the conversion (or the per-sample checks
+    without the job's settings), an eval dump's rewards as the run reads them. Runs in a worker process too."""
+    conversion = settings.conversion
+    try:
+        dump = load(path, settings.limits)
+        if kind == "train" and conversion is not None:
+            masked_out = conversion(dump.samples).masked_out
+        elif kind == "train":
+            masked_out = check_samples(dump.samples, settings.reward_key)
+        else:  # eval trains nothing: only its rewards are read, under eval's own key
+            masked_out = None
+            problem = eval_reward_problem(dump.samples, settings.eval_reward_key or settings.reward_key,
+                                          conversion is not None)
+            if problem:
+                raise SampleError(None, "reward", problem)
+        return FileResult(len(dump.samples), "", dump.rollout_id, masked_out)
+    except SampleError as exc:
+        return FileResult(error=str(exc) if exc.where else f"{path}: {exc}")
+    except DumpError as exc:
+        return FileResult(error=str(exc))
+
+
+class VerifyWorkerDied(RuntimeError):
+    """A worker process died while verifying (the kernel's OOM killer, usually); the message names the files."""
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity, bounded by its cgroup's CPU quota (a container's CPU limit)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(_read("/sys/fs/cgroup/cpu.max"), _read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
+                             _read("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
+    return max(1, min(cpus, quota) if quota is not None else cpus)
+
+
+def cgroup_cpu_quota(cpu_max: str | None, cfs_quota_us: str | None = None, cfs_period_us: str | None = None) -> int | None:
+    """Whole CPUs of a cgroup quota (at least 1), from cgroup v2's ``cpu.max`` ("200000 100000", "max 100000") or
+    v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none); None without a quota."""
+    try:
+        if cpu_max is not None:
+            quota, _, period = cpu_max.strip().partition(" ")
+            if quota == "max":
+                return None
+            return max(1, int(quota) // int(period or 100000))
+        if cfs_quota_us is not None and cfs_period_us is not None and int(cfs_quota_us) > 0:
+            return max(1, int(cfs_quota_us) // int(cfs_period_us))
+    except ValueError:
+        pass
+    return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read()
+    except (OSError, ValueError):
+        return None
+
+
+def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings: FileSettings, jobs: int,
+                  progress: bool) -> dict[tuple[str, str], FileResult]:
+    """Verify each (path, kind), ``jobs`` worker processes at a time, one file per worker (so memory stays within the
+    largest file's times the workers); in this process when one worker is enough."""
+    from forge_replay.dumps.progress import byte_progress
+
+    results: dict[tuple[str, str], FileResult] = {}
+    total = sum(sizes.get(path, 0) for path, _ in files)
+    workers = max(1, min(jobs, len(files)))
+    if workers == 1:
+        with byte_progress(progress, len(files), total, "verifying dumps") as advance:
+            for path, kind in files:
+                results[(path, kind)] = verify_file(path, kind, settings)
+                advance(path, sizes.get(path, 0))
+        return results
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    # fork: workers share the parent's imports (torch) instead of importing them again; they are all forked at the
+    # first submit, before the progress bar starts its thread. Largest files first: the last to finish are small.
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    finished = False
+    try:
+        ordered = sorted(files, key=lambda f: -sizes.get(f[0], 0))
+        futures = {pool.submit(verify_file, path, kind, settings): (path, kind) for path, kind in ordered}
+        with byte_progress(progress, len(files), total, f"verifying dumps ({workers} workers)") as advance:
+            for future in as_completed(futures):
+                path, kind = futures[future]
+                try:
+                    results[(path, kind)] = future.result()
+                except BrokenProcessPool:
+                    unfinished = [p for f, (p, _) in futures.items() if not f.done() or f.exception() is not None]
+                    raise VerifyWorkerDied(
+                        f"a verify worker process died while reading one of {', '.join(unfinished[:4])}"
+                        f"{' ...' if len(unfinished) > 4 else ''} (killed for memory? each of the {workers} workers"
+                        " holds one whole dump: lower --jobs or give verify more memory)") from None
+                advance(path, sizes.get(path, 0))
+        finished = True
+    finally:
+        if not finished:  # interrupted or failed: no worker goes on reading a file nobody waits for
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+    return results
 
 
 def verify_dumps(
@@ -195,6 +393,8 @@ def verify_dumps(
     eval_reward_key: str | None = None,
     conversion: Conversion | None = None,
     notes: tuple[str, ...] = (),
+    jobs: int = 1,
+    trust: str | None | Literal[False] = False,
 ) -> VerifyReport:
     """Check every train (and eval) dump a job reads; each distinct file is loaded once, safely.
 
@@ -204,9 +404,14 @@ def verify_dumps(
     dict rewards are read under ``eval_reward_key`` or the job's reward key (a dict without a key is refused); without
     it the per-sample checks run alone and dict rewards are checked only under ``reward_key``. With
     ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too. ``notes`` (checks
-    skipped, e.g. an unreadable model config) are carried into the report. Raises ValueError for an invalid template
-    or counts.
+    skipped, e.g. an unreadable model config) are carried into the report. ``jobs`` worker processes verify files in
+    parallel. ``trust``: the path of a verify record (:mod:`~forge_replay.dumps.verify_record`; None: there is none)
+    whose files are not verified again when unchanged; False (the default) verifies everything without a word.
+    Raises ValueError for an invalid template or counts, VerifyWorkerDied when a worker process dies.
     """
+    from forge_replay.dumps.bounds import default_limits
+    from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
+
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
         raise ValueError(f"dump path {template!r} {problem}")
@@ -215,67 +420,67 @@ def verify_dumps(
     if eval_interval > 0 and not is_template(template):
         raise ValueError(f"eval_interval > 0 needs a {{rollout_id}} template; {template!r} is a literal path")
 
-    report = VerifyReport(template=template, root=root, notes=list(notes))
+    began = time.perf_counter()
     if conversion is not None:
         reward_key = conversion.reward_key
-    loaded: dict[str, tuple[int | None, str, int | None, int | None]] = {}  # path -> (samples, error, id, masked)
+    settings = FileSettings(conversion, reward_key, eval_reward_key, limits or default_limits())
+    report = VerifyReport(template=template, root=root, notes=list(notes), settings=settings)
     rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
     eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train)
 
-    def check(path: str, kind: str) -> tuple[int | None, str, int | None, int | None]:
-        if path not in loaded:
-            try:
-                dump = load(path, limits)
-                if kind == "train" and conversion is not None:
-                    masked_out = conversion(dump.samples).masked_out
-                elif kind == "train":
-                    masked_out = check_samples(dump.samples, reward_key)
-                else:  # eval trains nothing: only its rewards are read, under eval's own key
-                    masked_out = None
-                    problem = eval_reward_problem(dump.samples, eval_reward_key or reward_key, conversion is not None)
-                    if problem:
-                        raise SampleError(None, "reward", problem)
-                loaded[path] = (len(dump.samples), "", dump.rollout_id, masked_out)
-            except SampleError as exc:
-                loaded[path] = (None, str(exc) if exc.where else f"{path}: {exc}", None, None)
-            except DumpError as exc:
-                loaded[path] = (None, str(exc), None, None)
-        return loaded[path]
+    # What each rollout and eval reads: (kind, id, path, status, message, file read or None, expected rollout_id)
+    planned: list[tuple[str, int, str, Status, str, str | None, int | None]] = []
+    first = resolve(root, train_path(template, 0))
+    for n in rollout_ids:
+        path = resolve(root, train_path(template, n))
+        expected = n if is_template(template) else None  # a literal path is every rollout's file
+        if os.path.exists(path):
+            planned.append(("train", n, path, "ok", "", path, expected))
+        elif fallback and is_template(template) and os.path.exists(first):
+            planned.append(("train", n, path, "fallback", f"missing; rollout 0's file {first} is used instead", first, 0))
+        else:
+            hint = "" if fallback or not is_template(template) else " (fallback to rollout 0 is off)"
+            planned.append(("train", n, path, "missing", f"file does not exist{hint}", None, None))
+    for n in eval_ids:
+        path = resolve(root, eval_path(template, n) or "")
+        if os.path.exists(path):
+            planned.append(("eval", n, path, "ok", "", path, n))
+        else:
+            planned.append(("eval", n, path, "missing", "file does not exist: eval replays as an empty result", None, None))
 
-    def record(kind, n: int, path: str, status: Status, message: str, used: str, expected: int | None) -> None:
-        samples, error, inner, masked_out = check(used, kind)
-        if error:
-            status, message = "unreadable", error
-        note = "" if error or inner is None else rollout_id_note(inner, expected)
+    files = list(dict.fromkeys((used, kind) for kind, _, _, _, _, used, _ in planned if used is not None))
+    stamps = {path: stamp_of(path) for path, _ in files}
+    if trust is not False:
+        record = read_record(trust, settings.to_dict())
+        report.record, report.record_note = record.path, record.note
+    to_verify = []
+    for path, kind in files:
+        entry, reason = (None, "") if trust is False else record.entry_for(record_key(path, root), kind, stamps[path])
+        if entry is not None:
+            report.results[(path, kind)] = FileResult(entry.samples, "", entry.rollout_id, entry.masked_out)
+            report.trusted.append(path)
+        else:
+            to_verify.append((path, kind))
+            report.verified[path] = reason
+    sizes = {path: stamp.size for path, stamp in stamps.items() if stamp is not None}
+    report.results.update(_verify_files(to_verify, sizes, settings, jobs, progress))
+    report.entries = {
+        (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out)
+        for (path, kind), result in report.results.items()
+        if not result.error and result.samples is not None and stamps[path] is not None
+    }
+
+    for kind, n, path, status, message, used, expected in planned:
+        if used is None:
+            report.checks.append(FileCheck(kind, n, path, status, message))
+            continue
+        result = report.results[(used, kind)]
+        if result.error:
+            status, message = "unreadable", result.error
+        note = "" if result.error or result.rollout_id is None else rollout_id_note(result.rollout_id, expected)
         if note:
             message = f"{message}; {note}" if message else note
-        report.checks.append(FileCheck(kind, n, path, status, message, samples, used, masked_out, bool(note)))
-
-    with progress_bar(progress, num_rollouts + len(eval_ids), "verifying dumps") as advance:
-        first = resolve(root, train_path(template, 0))
-        for n in rollout_ids:
-            path = resolve(root, train_path(template, n))
-            used = path
-            status: Status = "ok"
-            message = ""
-            expected = n if is_template(template) else None  # a literal path is every rollout's file
-            if not os.path.exists(path):
-                if fallback and is_template(template) and os.path.exists(first):
-                    used, status, message = first, "fallback", f"missing; rollout 0's file {first} is used instead"
-                    expected = 0
-                else:
-                    hint = "" if fallback or not is_template(template) else " (fallback to rollout 0 is off)"
-                    report.checks.append(FileCheck("train", n, path, "missing", f"file does not exist{hint}"))
-                    advance(path)
-                    continue
-            record("train", n, path, status, message, used, expected)
-            advance(path)
-        for n in eval_ids:
-            path = resolve(root, eval_path(template, n) or "")
-            if not os.path.exists(path):
-                message = "file does not exist: eval replays as an empty result"
-                report.checks.append(FileCheck("eval", n, path, "missing", message))
-            else:
-                record("eval", n, path, "ok", "", path, n)
-            advance(path)
+        report.checks.append(FileCheck(kind, n, path, status, message, result.samples, used, result.masked_out,
+                                       bool(note)))
+    report.seconds = time.perf_counter() - began
     return report

@@ -2,7 +2,8 @@
 
 FILE is the runtime config the operator mounts from a ConfigMap (``RuntimeConfig``: the validated
 job plus the mount points). Joins the Ray cluster (``RAY_ADDRESS`` under a KubeRay RayJob) or starts
-a local Ray. Exit status: 0 success, 1 the run failed, 2 the config or the results folder is unusable, 3 the run
+a local Ray. Exit status: 0 success, 1 the run failed, 2 the config, the results folder or the input is unusable
+(a dumps root or model folder that does not exist, dumps that verify refused: found before Ray starts), 3 the run
 finished but an expectation of spec.expect failed.
 """
 
@@ -51,15 +52,24 @@ def main(argv: list[str] | None = None) -> int:
         record_result(config, "Failed", f"{failed[0]['name']}: {failed[0]['message']}", failed)
         return 3
 
+    from forge_replay.runtime.driver import ReplayRunError, preflight
+
+    try:  # before Ray: a model folder that does not exist, or dumps verify refuses, is unusable input (2)
+        prepared = preflight(config, progress=not args.no_progress)
+    except ReplayRunError as exc:
+        print(f"forge-replay: {exc}", file=sys.stderr)
+        record_result(config, "Failed", str(exc))
+        return 2 if getattr(exc, "unusable", False) else 1
+
     import ray
 
-    from forge_replay.runtime.driver import ALREADY_CONNECTED, ReplayRunError, connect_ray, local_cpus_needed, run_job
+    from forge_replay.runtime.driver import ALREADY_CONNECTED, connect_ray, local_cpus_needed, run_job
     from forge_replay.runtime.trainer.rank import trainer_settings
 
     how = connect_ray(num_cpus=local_cpus_needed(trainer_settings(config.job.spec.trainer).world_size))
     logging.getLogger(__name__).info("Ray: %s", how)
     try:
-        report = run_job(config, fixed_cluster=False, show_progress=not args.no_progress)
+        report = run_job(config, fixed_cluster=False, show_progress=not args.no_progress, prepared=prepared)
     except ReplayRunError as exc:
         print(f"forge-replay: run failed: {exc}", file=sys.stderr)
         record_result(config, "Failed", str(exc))  # the operator reads it after the RayJob is gone

@@ -109,6 +109,20 @@ def synth_disk_problem(dump_bytes: int, files: int, free_bytes: int, where: str)
             "reuses one file), or write the dumps with `forge-replay dumps synth`")
 
 
+def missing_input(spec, dumps_root: str, model_root: str | None, synth_missing: bool) -> str | None:
+    """What the job reads that does not exist (the dumps root, unless --synth-missing writes it; the model folder of
+    spec.model.path), or None: unusable input, said before anything is written."""
+    if not synth_missing and not Path(dumps_root).is_dir():
+        return (f"dumps root {dumps_root} does not exist (spec.replay.dumps.claimName {spec.replay.dumps.claim_name!r});"
+                " pass --dumps-root DIR, or --synth-missing to synthesize dumps")
+    if spec.model.path:
+        folder = os.path.join(model_root, spec.model.path) if model_root else spec.model.path
+        if not Path(folder).is_dir():
+            return (f"spec.model.path: checkpoint directory {folder} does not exist (model root {model_root}, claim "
+                    f"{spec.model.claim_name!r}); pass --model-root DIR")
+    return None
+
+
 def load_one_job(file: str):
     """The single ForgeReplayJob in ``file``; raises click.ClickException-friendly messages."""
     from forge_replay.api import DocumentError, NotAForgeReplayJob, SpecInvalid, load_documents, parse_job
@@ -165,8 +179,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     report.json (per rollout: loss, tokens, step and data-wait time, memory peaks per rank,
     fallback used), memory.png and progress.json to the results folder and prints a table.
     Exit status: 0 success; 1 the run failed (missing dump, bad sample, trainer error);
-    2 FILE is unusable (unreadable, invalid spec, dumps that verify refused, forge mode without sglang or
-    --engine-command), or the results folder is (not writable, or in use by another run, which is named);
+    2 FILE is unusable (unreadable, invalid spec, a dumps root or model folder that does not exist, dumps that verify
+    refused, forge mode without sglang or --engine-command), or the results folder is (not writable, or in use by another run, which is named);
     3 the run finished but an expectation of spec.expect failed (a verdict table follows the run's; a run over
     maxPeakMemoryGiB is stopped after the step that went over);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
@@ -206,6 +220,10 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
 
         sys.exit(run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err))
 
+    problem = missing_input(spec, dumps_root, model_root, synth_missing)
+    if problem:  # before anything is written: no results folder set aside, no dump synthesized
+        err(f"{file}: {problem}")
+        sys.exit(EXIT_UNUSABLE)
     if spec.replay.mode == "forge":  # fail fast, before any dump is synthesized or Ray started
         from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
 
@@ -259,10 +277,6 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
             err(f"{file}: --synth-missing cannot write dumps under {dumps_root}: {exc.strerror or exc} "
                 f"({exc.filename or dumps_root})")
             sys.exit(EXIT_FAILED)
-    elif not Path(dumps_root).is_dir():
-        err(f"{file}: dumps root {dumps_root} does not exist (spec.replay.dumps.claimName "
-            f"{spec.replay.dumps.claim_name!r}); pass --dumps-root DIR, or --synth-missing to synthesize dumps")
-        sys.exit(EXIT_FAILED)
 
     from forge_replay.api.runtime_config import RuntimeConfig
     from forge_replay.runtime.driver import ReplayRunError, local_cpus_needed, preflight, run_job

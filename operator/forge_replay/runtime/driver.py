@@ -81,13 +81,17 @@ class Prepared:
     model_source: str | dict
     vocab_size: int | None
     max_positions: int | None = None
+    preflight: dict | None = None
+    """report.json's ``preflight``: files verified and trusted, seconds (:meth:`VerifyReport.preflight`)."""
 
 
 def preflight(config, progress: bool = False) -> Prepared:
     """Checks that need no Ray and no trainer: forge prerequisites, model source and limits, dumps (``verify``).
 
-    Raises :class:`ReplayRunError` (:class:`DumpsRefused` when verify refuses the dumps); the CLI runs this before
-    it starts Ray, so bad input fails fast. ``progress`` shows verify's progress bar.
+    Raises :class:`UnusableInput` (a dumps root or model folder that does not exist, a model config the trainer
+    cannot build, forge mode without sglang; :class:`DumpsRefused` when verify refuses the dumps) or
+    :class:`ReplayRunError`; the CLI and the in-cluster runtime run this before Ray, so bad input fails fast.
+    ``progress`` shows verify's progress bar.
     """
     from forge_replay.dumps.verify import model_limits
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
@@ -99,17 +103,23 @@ def preflight(config, progress: bool = False) -> Prepared:
     if plan.start_engines:
         problem = forge_prerequisite_problem(config.engine_command)
         if problem:
-            raise ReplayRunError(problem)
+            raise UnusableInput(problem)
+    if not os.path.isdir(config.dumps_root):
+        raise UnusableInput(f"dumps root {config.dumps_root} does not exist (spec.replay.dumps.claimName "
+                            f"{spec.replay.dumps.claim_name!r})")
     try:
         source = model_source(spec.model, config.model_root)
         limits, note = model_limits(source, builds_from_config=True)
     except ModelError as exc:
-        raise ReplayRunError(str(exc)) from None
+        raise UnusableInput(str(exc)) from None
     if note:
         log.warning("%s", note)
+    checked = None
     if spec.replay.verify:
-        verify_or_raise(config, limits, note, progress)
-    return Prepared(plan, source, limits.vocab_size, limits.max_positions)
+        checked = verify_or_raise(config, limits, note, progress).preflight()
+    else:
+        log.info("preflight: spec.replay.verify is false: no dump was checked before the run")
+    return Prepared(plan, source, limits.vocab_size, limits.max_positions, checked)
 
 
 def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True,
@@ -158,6 +168,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         device="cuda" if settings.use_gpu else "cpu", num_params=0, started_at=now_rfc3339(),
         planned=len(rollout_ids),
     )
+    report.preflight = prepared.preflight
     saver = ReportSaver(config.results_dir)
     saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
 
@@ -360,31 +371,44 @@ class ReportSaver:
                 f"{report.completed} of {report.planned} rollouts were trained")
 
 
-class DumpsRefused(ReplayRunError):
-    """``replay.verify`` refused the dumps: unusable input, found before Ray starts (`run` exits 2)."""
+class UnusableInput(ReplayRunError):
+    """The job's input cannot be used (found before Ray starts): `run` and the in-cluster runtime exit 2."""
 
     unusable = True
 
 
-def verify_or_raise(config, limits=None, note: str = "", progress: bool = False) -> None:
+class DumpsRefused(UnusableInput):
+    """``replay.verify`` refused the dumps: unusable input, found before Ray starts (`run` exits 2)."""
+
+
+def verify_or_raise(config, limits=None, note: str = "", progress: bool = False):
     """Every needed dump exists, loads safely and converts as the trainer converts it (:class:`Conversion` of the
-    job, with the model's ``limits``), before Ray starts or any trainer is placed; raises :class:`DumpsRefused`."""
+    job, with the model's ``limits``), before Ray starts or any trainer is placed; raises :class:`DumpsRefused`.
+
+    Files the verify Job's record (``config.verify_record``) holds unchanged under the same settings are trusted, the
+    rest verified by worker processes (the CPUs this process may use); one log line says which. Returns the
+    :class:`~forge_replay.dumps.verify.VerifyReport`."""
     from forge_replay.dumps.convert import NO_LIMITS, Conversion
-    from forge_replay.dumps.verify import verify_dumps
+    from forge_replay.dumps.verify import VerifyWorkerDied, usable_cpus, verify_dumps
 
     spec = config.job.spec
     replay = spec.replay
-    result = verify_dumps(
-        config.dumps_root, replay.dumps.path, replay.num_rollouts, start_rollout_id=replay.start_rollout_id,
-        eval_interval=replay.eval_interval, eval_before_train=replay.eval_before_train,
-        fallback=replay.dumps.fallback_to_first, progress=progress,
-        eval_reward_key=replay.eval_reward_key, conversion=Conversion.for_job(spec, limits or NO_LIMITS),
-        notes=(note,) if note else (),
-    )
+    try:
+        result = verify_dumps(
+            config.dumps_root, replay.dumps.path, replay.num_rollouts, start_rollout_id=replay.start_rollout_id,
+            eval_interval=replay.eval_interval, eval_before_train=replay.eval_before_train,
+            fallback=replay.dumps.fallback_to_first, progress=progress,
+            eval_reward_key=replay.eval_reward_key, conversion=Conversion.for_job(spec, limits or NO_LIMITS),
+            notes=(note,) if note else (), jobs=usable_cpus(), trust=config.verify_record,
+        )
+    except VerifyWorkerDied as exc:
+        raise ReplayRunError(str(exc)) from None
+    log.info("%s", result.preflight_line())
     if not result.ok:
         raise DumpsRefused(
             f"dump verification failed under {config.dumps_root} (spec.replay.verify: true):\n{result.summary()}"
         )
+    return result
 
 
 def _brief(exc: BaseException) -> str:

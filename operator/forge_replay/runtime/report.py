@@ -94,6 +94,9 @@ class RunReport:
     """Why the run was stopped before its last rollout by an expectation (over spec.expect.maxPeakMemoryGiB)."""
     expectations: list[dict] | None = None
     """The verdict on spec.expect, one entry per check (``forge_replay.expect.Check``); None without spec.expect."""
+    preflight: dict | None = None
+    """What the pre-flight checked before the run: dump files ``verified`` and ``trusted`` (from the verify Job's
+    record), ``seconds``, the ``record`` and why it was not used (``note``); None with spec.replay.verify false."""
 
     def to_dict(self) -> dict:
         return asdict(self)
