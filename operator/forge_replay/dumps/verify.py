@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -352,8 +353,12 @@ def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings:
     from concurrent.futures.process import BrokenProcessPool
 
     # fork: workers share the parent's imports (torch) instead of importing them again; they are all forked at the
-    # first submit, before the progress bar starts its thread. Largest files first: the last to finish are small.
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    # first submit, before the progress bar starts its thread. A process connected to Ray (its threads and sockets
+    # are not fork-safe) starts them from a fresh server process instead. Largest files first: the last to finish
+    # are small ones.
+    ray = sys.modules.get("ray")
+    method = "forkserver" if ray is not None and getattr(ray, "is_initialized", lambda: False)() else "fork"
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
     finished = False
     try:
         ordered = sorted(files, key=lambda f: -sizes.get(f[0], 0))
@@ -364,7 +369,8 @@ def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings:
                 try:
                     results[(path, kind)] = future.result()
                 except BrokenProcessPool:
-                    unfinished = [p for f, (p, _) in futures.items() if not f.done() or f.exception() is not None]
+                    unfinished = [p for f, (p, _) in futures.items()
+                                  if not f.done() or f.cancelled() or f.exception() is not None]
                     raise VerifyWorkerDied(
                         f"a verify worker process died while reading one of {', '.join(unfinished[:4])}"
                         f"{' ...' if len(unfinished) > 4 else ''} (killed for memory? each of the {workers} workers"
