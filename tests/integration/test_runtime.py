@@ -222,12 +222,24 @@ def test_cli_inconsistent_sample_names_the_index_and_field(tmp_path):
 def test_entrypoint_runs_a_runtime_config_file_like_the_operator_mounts(tmp_path):
     from forge_replay.runtime.__main__ import main
 
+    from forge_replay.dumps.convert import Conversion
+    from forge_replay.dumps.verify import model_limits, verify_dumps
+    from forge_replay.dumps.verify_record import record_document, write_record
+
     write_dump(tmp_path / "dumps" / "rollout_0.pt", 0)
     config = config_for(job_doc("entry", "rollout_{rollout_id}.pt", 2), tmp_path / "dumps", tmp_path / "out")
+    # what the operator's verify Job records (the job's conversion) is trusted by the pre-flight: no second pass
+    checked = verify_dumps(config.dumps_root, "rollout_{rollout_id}.pt", 2,
+                           conversion=Conversion.for_job(config.job.spec, model_limits(TINY_LLAMA)[0]))
+    record = str(tmp_path / "out" / "verify-record.json")
+    write_record(record, record_document(checked.settings.to_dict(), checked.entries))
+    config.verify_record = record
     (tmp_path / "config.yaml").write_text(config.to_yaml())
     assert main(["--config", str(tmp_path / "config.yaml"), "--no-progress"]) == 0
     saved = json.loads((tmp_path / "out" / "report.json").read_text())
     assert saved["summary"]["rollouts"] == 2 and saved["summary"]["fallbacks"] == 1
+    assert {k: saved["preflight"][k] for k in ("verified", "trusted", "record", "note")} == {
+        "verified": 0, "trusted": 1, "record": record, "note": ""}  # rollout 1 falls back to the one file
     assert ray.is_initialized()  # joined the running Ray and left it running
 
     (tmp_path / "bad.yaml").write_text("job: {kind: ForgeReplayJob}\n")
