@@ -265,3 +265,18 @@ def test_model_limits_of_the_common_types_read_no_transformers(tmp_path, monkeyp
     assert model_limits({"model_type": "qwen2", "vocab_size": "many"}) == (ModelLimits(None, 32768), "")
     limits, note = model_limits({"model_type": "phi", "vocab_size": 5})  # another type: transformers reads it
     assert limits == ModelLimits() and "cannot read the model config of spec.model.config" in note
+
+
+def test_the_verify_progress_bar_counts_files_and_bytes(tmp_path):
+    import re
+
+    root = str(tmp_path / "dumps")
+    paths = _write_dumps(root, 3)
+    megabytes = sum(os.path.getsize(p) for p in paths) / 1e6
+    result = CliRunner().invoke(dumps, ["verify", "--root", root, "--path", "run/rollout_{rollout_id}.pt",
+                                        "--num-rollouts", "3", "--jobs", "2"])
+    assert result.exit_code == 0, result.output
+    bar = result.output.splitlines()[0]
+    assert bar.startswith("verifying (2 workers)") and " 3/3 files " in bar, bar
+    done, total = re.search(r"([\d.]+)/([\d.]+) kB", bar).groups()  # rich's decimal units
+    assert done == total and abs(float(total) / 1e3 - megabytes) < 0.01, bar

@@ -343,7 +343,7 @@ def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings:
     total = sum(sizes.get(path, 0) for path, _ in files)
     workers = max(1, min(jobs, len(files)))
     if workers == 1:
-        with byte_progress(progress, len(files), total, "verifying dumps") as advance:
+        with byte_progress(progress, len(files), total, "verifying") as advance:
             for path, kind in files:
                 results[(path, kind)] = verify_file(path, kind, settings)
                 advance(path, sizes.get(path, 0))
@@ -363,7 +363,7 @@ def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings:
     try:
         ordered = sorted(files, key=lambda f: -sizes.get(f[0], 0))
         futures = {pool.submit(verify_file, path, kind, settings): (path, kind) for path, kind in ordered}
-        with byte_progress(progress, len(files), total, f"verifying dumps ({workers} workers)") as advance:
+        with byte_progress(progress, len(files), total, f"verifying ({workers} workers)") as advance:
             for future in as_completed(futures):
                 path, kind = futures[future]
                 try:
