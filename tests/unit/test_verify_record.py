@@ -243,8 +243,8 @@ def test_the_model_limits_table_is_what_transformers_builds():
     for model_type, (vocab, positions) in TYPE_DEFAULTS.items():
         config = AutoConfig.for_model(model_type)
         assert (config.vocab_size, config.max_position_embeddings) == (vocab, positions), model_type
-        given = AutoConfig.for_model(model_type, vocab_size=77, **{POSITION_ALIASES.get(model_type,
-                                                                                         "max_position_embeddings"): 99})
+        positions_key = POSITION_ALIASES.get(model_type, "max_position_embeddings")
+        given = AutoConfig.for_model(model_type, vocab_size=77, **{positions_key: 99})
         assert (given.vocab_size, given.max_position_embeddings) == (77, 99), model_type
     for architecture, model_type in ARCHITECTURES.items():
         assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type] == architecture

@@ -245,7 +245,8 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
 
 
 def _verify_resources(job: ForgeReplayJob) -> dict[str, Any]:
-    """spec.replay.verifyResources: whole CPUs requested (verify runs that many workers), memory requested and limited."""
+    """spec.replay.verifyResources: whole CPUs requested (verify runs that many workers), memory requested and
+    limited."""
     wanted = job.spec.replay.verify_resources
     memory = f"{wanted.memory_gib}Gi"
     return {"requests": {"cpu": str(wanted.cpus), "memory": memory}, "limits": {"memory": memory}}

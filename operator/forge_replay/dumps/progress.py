@@ -49,8 +49,8 @@ class byte_progress:
                                    TransferSpeedColumn)
 
         self._bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(bar_width=10), TextColumn("{task.fields[done]}/{task.fields[files]}"
-                                                                            " files"),
+            TextColumn("[bold]{task.description}"), BarColumn(bar_width=10),
+            TextColumn("{task.fields[done]}/{task.fields[files]} files"),
             DownloadColumn(), TransferSpeedColumn(), TimeElapsedColumn(),
             console=Console(stderr=True), transient=False,  # stderr: --json output on stdout stays parseable
         )

@@ -309,7 +309,8 @@ def usable_cpus() -> int:
     return max(1, min(cpus, quota) if quota is not None else cpus)
 
 
-def cgroup_cpu_quota(cpu_max: str | None, cfs_quota_us: str | None = None, cfs_period_us: str | None = None) -> int | None:
+def cgroup_cpu_quota(cpu_max: str | None, cfs_quota_us: str | None = None,
+                     cfs_period_us: str | None = None) -> int | None:
     """Whole CPUs of a cgroup quota (at least 1), from cgroup v2's ``cpu.max`` ("200000 100000", "max 100000") or
     v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none); None without a quota."""
     try:
@@ -443,7 +444,8 @@ def verify_dumps(
         if os.path.exists(path):
             planned.append(("train", n, path, "ok", "", path, expected))
         elif fallback and is_template(template) and os.path.exists(first):
-            planned.append(("train", n, path, "fallback", f"missing; rollout 0's file {first} is used instead", first, 0))
+            message = f"missing; rollout 0's file {first} is used instead"
+            planned.append(("train", n, path, "fallback", message, first, 0))
         else:
             hint = "" if fallback or not is_template(template) else " (fallback to rollout 0 is off)"
             planned.append(("train", n, path, "missing", f"file does not exist{hint}", None, None))
@@ -452,7 +454,8 @@ def verify_dumps(
         if os.path.exists(path):
             planned.append(("eval", n, path, "ok", "", path, n))
         else:
-            planned.append(("eval", n, path, "missing", "file does not exist: eval replays as an empty result", None, None))
+            message = "file does not exist: eval replays as an empty result"
+            planned.append(("eval", n, path, "missing", message, None, None))
 
     files = list(dict.fromkeys((used, kind) for kind, _, _, _, _, used, _ in planned if used is not None))
     stamps = {path: stamp_of(path) for path, _ in files}

@@ -113,8 +113,8 @@ def missing_input(spec, dumps_root: str, model_root: str | None, synth_missing: 
     """What the job reads that does not exist (the dumps root, unless --synth-missing writes it; the model folder of
     spec.model.path), or None: unusable input, said before anything is written."""
     if not synth_missing and not Path(dumps_root).is_dir():
-        return (f"dumps root {dumps_root} does not exist (spec.replay.dumps.claimName {spec.replay.dumps.claim_name!r});"
-                " pass --dumps-root DIR, or --synth-missing to synthesize dumps")
+        return (f"dumps root {dumps_root} does not exist (spec.replay.dumps.claimName "
+                f"{spec.replay.dumps.claim_name!r}); pass --dumps-root DIR, or --synth-missing to synthesize dumps")
     if spec.model.path:
         folder = os.path.join(model_root, spec.model.path) if model_root else spec.model.path
         if not Path(folder).is_dir():
