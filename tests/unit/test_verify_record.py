@@ -91,7 +91,7 @@ def test_the_preflight_trusts_the_verify_jobs_record_and_verifies_only_the_file_
 
     with caplog.at_level(logging.INFO, logger="forge_replay.runtime.driver"):
         untouched = preflight(config).preflight
-    assert (untouched["verified"], untouched["trusted"], untouched["note"]) == (0, 4, "")
+    assert (untouched["verified"], untouched["trusted"], untouched["note"], untouched["workers"]) == (0, 4, "", 1)
     assert untouched["trusted_files"] == [f"run/rollout_{n}.pt" for n in range(4)]
 
     stat = os.stat(paths[2])  # the same bytes, touched: a changed mtime is never trusted
@@ -280,3 +280,14 @@ def test_the_verify_progress_bar_counts_files_and_bytes(tmp_path):
     assert bar.startswith("verifying (2 workers)") and " 3/3 files " in bar, bar
     done, total = re.search(r"([\d.]+)/([\d.]+) kB", bar).groups()  # rich's decimal units
     assert done == total and abs(float(total) / 1e3 - megabytes) < 0.01, bar
+
+
+def test_the_workers_are_no_more_than_the_memory_holds_of_the_largest_dump():
+    from forge_replay.dumps.verify import worker_count
+
+    assert worker_count(4, 10, 200_000_000, None) == (4, "")  # memory unknown: the CPUs decide
+    assert worker_count(4, 2, 200_000_000, 64 * 2**30) == (2, "")  # no more workers than files
+    workers, note = worker_count(64, 100, 200_000_000, 8 * 2**30)  # a head pod seeing 64 CPUs, 8 GiB left
+    assert workers == 5 and note == ("verify ran 5 worker(s), not 64: the 8.0 GiB of memory available hold about 5 of"
+                                     " the largest dump (200 MB, about 8x that once loaded)")
+    assert worker_count(8, 8, 2_000_000_000, 2**30)[0] == 1  # never fewer than one

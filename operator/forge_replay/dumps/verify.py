@@ -90,6 +90,7 @@ class VerifyReport:
     record: str | None = None  # the verify record given to trust
     record_note: str = ""  # why it was not used, when it was not
     seconds: float = 0.0
+    workers: int = 1  # worker processes that verified the files read here
 
     @property
     def ok(self) -> bool:
@@ -127,9 +128,10 @@ class VerifyReport:
         }
 
     def preflight(self) -> dict:
-        """What a pre-flight did, for report.json's ``preflight`` and its log line: files verified here and trusted
-        from the verify record, the seconds it took, the record, and why it was not used (``note``)."""
+        """What a pre-flight did, for report.json's ``preflight`` and its log line: files verified here (by ``workers``
+        processes) and trusted from the verify record, the seconds it took, the record, and why it was not used (``note``)."""
         return {"verified": len(self.verified), "trusted": len(self.trusted), "seconds": round(self.seconds, 3),
+                "workers": self.workers,
                 "record": self.record, "note": self.record_note,
                 "verified_files": [record_key(p, self.root) for p in self.verified],
                 "trusted_files": [record_key(p, self.root) for p in self.trusted]}
@@ -334,16 +336,51 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings: FileSettings, jobs: int,
+LOADED_BYTES_PER_FILE_BYTE = 8
+"""A dump in memory while it is verified, per byte of its file: Python ints and floats for every token id and log prob
+(measured: a 201.6 MB dump of 64k-token samples peaks at 1.5 GB above the imports, docs/benchmarks.md)."""
+
+
+def worker_count(jobs: int, files: int, largest_bytes: int, available_bytes: int | None) -> tuple[int, str]:
+    """How many worker processes verify ``files``: ``jobs``, no more than the files, and no more than the memory
+    available holds of the largest dump loaded (:data:`LOADED_BYTES_PER_FILE_BYTE`); and a note when memory capped it
+    ("" otherwise). A container without a CPU limit sees every CPU of its node: its memory limit is what binds."""
+    workers = max(1, min(jobs, files))
+    if available_bytes is None or largest_bytes <= 0:
+        return workers, ""
+    fits = max(1, available_bytes // (LOADED_BYTES_PER_FILE_BYTE * largest_bytes))
+    if fits >= workers:
+        return workers, ""
+    return fits, (f"verify ran {fits} worker(s), not {workers}: the {available_bytes / 2**30:.1f} GiB of memory available"
+                  f" hold about {fits} of the largest dump ({largest_bytes / 1e6:.0f} MB, about"
+                  f" {LOADED_BYTES_PER_FILE_BYTE}x that once loaded)")
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still take: the least of MemAvailable and its cgroup's headroom (v2 memory.max less
+    memory.current, v1 memory.limit_in_bytes less memory.usage_in_bytes); None when none can be read."""
+    found = []
+    meminfo = _read("/proc/meminfo") or ""
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:") and line.split()[1].isdigit():
+            found.append(int(line.split()[1]) * 1024)
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit_text, usage_text = (_read(limit) or "").strip(), (_read(usage) or "").strip()
+        if limit_text.isdigit() and usage_text.isdigit():
+            found.append(max(0, int(limit_text) - int(usage_text)))
+    return min(found) if found else None
+
+
+def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings: FileSettings, workers: int,
                   progress: bool) -> dict[tuple[str, str], FileResult]:
-    """Verify each (path, kind), ``jobs`` worker processes at a time, one file per worker (so memory stays within the
+    """Verify each (path, kind), ``workers`` processes at a time, one file per worker (so memory stays within the
     largest file's times the workers); in this process when one worker is enough."""
     from forge_replay.dumps.progress import byte_progress
 
     results: dict[tuple[str, str], FileResult] = {}
     total = sum(sizes.get(path, 0) for path, _ in files)
-    workers = max(1, min(jobs, len(files)))
-    if workers == 1:
+    if workers <= 1:
         with byte_progress(progress, len(files), total, "verifying") as advance:
             for path, kind in files:
                 results[(path, kind)] = verify_file(path, kind, settings)
@@ -472,7 +509,12 @@ def verify_dumps(
             to_verify.append((path, kind))
             report.verified[path] = reason
     sizes = {path: stamp.size for path, stamp in stamps.items() if stamp is not None}
-    report.results.update(_verify_files(to_verify, sizes, settings, jobs, progress))
+    largest = max((sizes.get(path, 0) for path, _ in to_verify), default=0)
+    workers, capped = worker_count(jobs, len(to_verify), largest, available_memory() if jobs > 1 else None)
+    if capped:
+        report.notes.append(capped)
+    report.workers = workers
+    report.results.update(_verify_files(to_verify, sizes, settings, workers, progress))
     report.entries = {
         (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out)
         for (path, kind), result in report.results.items()
