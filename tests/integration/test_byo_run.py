@@ -19,13 +19,15 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     job = {
         "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "byo-miles"},
         "spec": {
-            "replay": {"mode": "debug", "numRollouts": 3, "startRolloutId": 1, "evalInterval": 2,
-                       "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt", "fallbackToFirst": False}},
+            "replay": {"mode": "forge", "numRollouts": 3, "startRolloutId": 1, "evalInterval": 3,
+                       "evalBeforeTrain": True, "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt", "fallbackToFirst": False}},
             "model": {"config": {"hidden_size": 8}},
             "trainer": {"backend": "miles", "image": "team/miles:v1", "workingDir": "/root/miles", "gpusPerNode": 0,
                         "args": ["--stand-in-backend", "miles", "--stand-in-report", str(report),
-                                 "--stand-in-train-mib", "96"],
+                                 "--stand-in-train-mib", "96", "--rollout-batch-size", "4",
+                                 "--eval-prompt-data", "aime", "/data/aime.jsonl"],
                         "env": {"FORGE_REPLAY_PROBE_INTERVAL_S": "0.1"}},
+            "rollout": {"numGpus": 1, "numGpusPerEngine": 1},
         },
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -40,9 +42,11 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     assert [(r["rollout_id"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"]) for r in got["train"]] == [
         (1, [1], 0), (2, [2], 0), (3, [3], 0)]
     assert all(r["samples"] > 0 and r["trained_mib"] == 96 for r in got["train"])
-    assert [(e["rollout_id"], e["eval"]) for e in got["eval"]] == [(1, ["forge_eval"]), (3, ["forge_eval"])]
+    # miles evaluates before its first step at --start-rollout-id (eval_1; slime would not), then after rollout 2
+    assert [(e["rollout_id"], e["eval"]) for e in got["eval"]] == [(1, ["forge_eval"]), (2, ["forge_eval"])]
     args = got["args"]
-    assert (args["debug_train_only"], args["num_rollout"], args["start_rollout_id"]) == (True, 4, 1)
+    assert (args["debug_train_only"], args["num_rollout"], args["start_rollout_id"]) == (False, 4, 1)
+    assert args["rollout_global_dataset"] is False  # miles would load --prompt-data: forge-replay turns it off
     assert args["load_forge_rollout_data"] == str(tmp_path / "dumps" / "run" / "rollout_{rollout_id}.pt")
     assert args["forge_replay_fallback_to_first"] is False  # through generate_rollout.add_arguments, as miles does
     record = json.loads((tmp_path / "results" / "job.json").read_text())

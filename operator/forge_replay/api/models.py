@@ -26,7 +26,10 @@ from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
 from forge_replay.api.engine_args import engine_args_problems
-from forge_replay.backends import BACKEND_INJECTED, REFUSED_FLAGS, arg_problems
+from forge_replay.backends import (
+    BACKEND_INJECTED, BACKENDS, REFUSED_FLAGS, arg_problems, flag_table, missing_required, required_flags,
+)
+from forge_replay.backends.rules import sets_flag, upstream_rule
 from forge_replay.errors import Portable
 
 GROUP = "forgereplay.io"
@@ -1063,13 +1066,59 @@ def _byo_fallback_passable(spec: ForgeReplayJobSpec) -> list[Problem]:
     backend, replay = spec.trainer.backend, spec.replay
     if backend == "builtin" or replay.dumps.fallback_to_first:
         return []
-    if replay.loader == "upstream":
-        why = "slime's own loaders always fall back to rollout 0's file"
-    elif backend == "slime":
+    forge_loader = upstream_rule(backend, "upstream-forge-loader")
+    if replay.loader == "upstream" and replay.mode == "forge" and forge_loader is not None:
+        why = f"slime's forge_load always falls back to rollout 0's file ({forge_loader.where})"
+    elif replay.loader == "forgeReplay" and backend == "slime":
         why = "slime drops flags it does not declare, so the loader cannot be told (use backend miles or builtin)"
     else:
         return []
     return [Problem("spec.replay.dumps.fallbackToFirst", f"false cannot be honoured: {why}")]
+
+
+def _upstream_debug_loader_has_no_fallback(spec: ForgeReplayJobSpec) -> list[Problem]:
+    backend, replay = spec.trainer.backend, spec.replay
+    if backend == "builtin" or replay.loader != "upstream" or replay.mode != "debug":
+        return []
+    rule = upstream_rule(backend, "upstream-debug-loader")
+    if rule is None or rule["falls_back"] or not replay.dumps.fallback_to_first or not is_template(replay.dumps.path):
+        return []
+    return [Problem("spec.replay.dumps.fallbackToFirst", f"true cannot be honoured: {backend}'s "
+                    f"--load-debug-rollout-data has no fallback, a missing rollout file fails the run ({rule.where}); "
+                    "set fallbackToFirst: false (verify then refuses a missing dump before launch), or use loader "
+                    "forgeReplay")]
+
+
+def _byo_required_flags(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.backend == "builtin":
+        return []
+    table = flag_table(t.backend)
+    return [Problem("spec.trainer.args", f"{flag} is required by {t.backend}'s parser ({table.file}:"
+                    f"{table.options[flag]['line']}, {table.repository}@{table.commit[:8]}), which exits 2 without it: "
+                    "give it in args, as the run that wrote the dumps did")
+            for flag in missing_required(t.backend, t.args)]
+
+
+def _byo_eval_in_debug(spec: ForgeReplayJobSpec) -> list[Problem]:
+    backend, replay = spec.trainer.backend, spec.replay
+    rule = upstream_rule(backend, "debug-skips-eval") if backend != "builtin" else None
+    if rule is None or replay.mode != "debug" or replay.eval_interval == 0:
+        return []
+    return [Problem("spec.replay.evalInterval", f"{backend} never evaluates in debug mode (--debug-train-only: "
+                    f"{rule.where}), so no eval dump would be read: set evalInterval: 0, or replay in forge mode")]
+
+
+def _byo_eval_needs_datasets(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t, replay = spec.trainer, spec.replay
+    rule = upstream_rule(t.backend, "eval-needs-datasets") if t.backend != "builtin" else None
+    if rule is None or replay.mode != "forge" or replay.eval_interval == 0:
+        return []
+    if any(sets_flag(t.args, flag) for flag in rule["flags"]):
+        return []
+    return [Problem("spec.replay.evalInterval", f"{t.backend} refuses --eval-interval unless eval datasets are "
+                    f"configured ({rule.where}): give {' or '.join(rule['flags'])} in spec.trainer.args (an eval "
+                    "dataset the replay never reads: eval replays the eval_N dumps), or set evalInterval: 0")]
 
 
 def _slime_ft_has_no_components(spec: ForgeReplayJobSpec) -> list[Problem]:
@@ -1113,6 +1162,53 @@ def _cel_sets_flag(flags: tuple[str, ...]) -> str:
 
 _CEL_BUILTIN = "!has(self.backend) || self.backend == 'builtin'"
 _CEL_BYO = "has(self.backend) && self.backend != 'builtin'"
+
+
+
+def _cel_backend_in(backends: list[str]) -> str:
+    """CEL at spec: the trainer's backend is one of ``backends`` (false when the list is empty)."""
+    if not backends:
+        return "false"
+    return f"(has(self.trainer) && has(self.trainer.backend) && self.trainer.backend in {_cel_literal(backends)})"
+
+
+def _cel_args_set(flag: str, args: str = "self.args") -> str:
+    """CEL: an item of ``args`` sets ``flag``."""
+    return f"{args}.exists(a, a == {_cel_literal(flag)} || a.startsWith({_cel_literal(flag + '=')}))"
+
+
+def _backends_with(rule_id: str, **facts: Any) -> list[str]:
+    """The backends whose upstream rule ``rule_id`` exists (and has the given ``facts``)."""
+    return [b for b in BACKENDS if (r := upstream_rule(b, rule_id)) is not None
+            and all(r[k] == v for k, v in facts.items())]
+
+
+def _rule_facts(backend: str, rule_id: str, key: str) -> Any:
+    rule = upstream_rule(backend, rule_id)
+    assert rule is not None, (backend, rule_id)
+    return rule[key]
+
+
+def _cel_required_flags() -> str:
+    per_backend = [
+        f"(self.backend != {_cel_literal(b)} || (has(self.args) && "
+        + " && ".join(_cel_args_set(flag) for flag in required_flags(b)) + "))"
+        for b in BACKENDS if required_flags(b)
+    ]
+    return f"({_CEL_BUILTIN}) || (" + " && ".join(per_backend or ["true"]) + ")"
+
+
+def _cel_eval_datasets() -> str:
+    per_backend = [
+        f"self.trainer.backend != {_cel_literal(b)} || (has(self.trainer.args) && ("
+        + " || ".join(_cel_args_set(flag, "self.trainer.args") for flag in _rule_facts(b, "eval-needs-datasets", "flags"))
+        + "))"
+        for b in _backends_with("eval-needs-datasets")
+    ]
+    return (f"!{_cel_backend_in(_backends_with('eval-needs-datasets'))} || self.replay.mode != 'forge' || "
+            "!has(self.replay.evalInterval) || self.replay.evalInterval == 0 || ("
+            + " && ".join(f"({c})" for c in per_backend) + ")")
+
 
 _SLIME_OWNED = (*BACKEND_INJECTED["slime"], *REFUSED_FLAGS["slime"])
 _MILES_ONLY = tuple(f for f in (*BACKEND_INJECTED["miles"], *REFUSED_FLAGS["miles"]) if f not in _SLIME_OWNED)
@@ -1184,11 +1280,50 @@ CROSS_FIELD_RULES += [
         "",
         "!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' || "
         "!has(self.replay.dumps.fallbackToFirst) || self.replay.dumps.fallbackToFirst || "
+        "(has(self.replay.loader) && self.replay.loader == 'upstream' && self.replay.mode == 'debug') || "
         "(self.trainer.backend == 'miles' && (!has(self.replay.loader) || self.replay.loader == 'forgeReplay'))",
-        "spec.replay.dumps.fallbackToFirst: false can be honoured only by backend miles with loader forgeReplay "
-        "(slime's loaders always fall back; slime drops flags it does not declare)",
+        "spec.replay.dumps.fallbackToFirst: false can be honoured only by backend miles with loader forgeReplay, "
+        "or by loader upstream in debug mode (slime's forge_load always falls back; slime drops flags it does not "
+        "declare)",
         ".replay.dumps.fallbackToFirst",
         _byo_fallback_passable,
+    ),
+    CrossFieldRule(
+        "",
+        f"!{_cel_backend_in(_backends_with('upstream-debug-loader', falls_back=False))} || "
+        "!has(self.replay.loader) || self.replay.loader != 'upstream' || self.replay.mode != 'debug' || "
+        "(has(self.replay.dumps.fallbackToFirst) && !self.replay.dumps.fallbackToFirst) || "
+        f"!self.replay.dumps.path.matches('{_CEL_IS_TEMPLATE}')",
+        "spec.replay.dumps.fallbackToFirst: true cannot be honoured: --load-debug-rollout-data (loader upstream in "
+        "debug mode) has no fallback; set fallbackToFirst: false or use loader forgeReplay",
+        ".replay.dumps.fallbackToFirst",
+        _upstream_debug_loader_has_no_fallback,
+    ),
+    CrossFieldRule(
+        "trainer",
+        _cel_required_flags(),
+        "spec.trainer.args: a flag the backend's parser requires is missing ("
+        + "; ".join(f"{b} requires {', '.join(required_flags(b))}" for b in BACKENDS if required_flags(b))
+        + "): the parser exits 2 without it",
+        ".args",
+        _byo_required_flags,
+    ),
+    CrossFieldRule(
+        "",
+        f"!{_cel_backend_in(_backends_with('debug-skips-eval'))} || self.replay.mode != 'debug' || "
+        "!has(self.replay.evalInterval) || self.replay.evalInterval == 0",
+        "spec.replay.evalInterval: slime and miles never evaluate in debug mode (--debug-train-only): set "
+        "evalInterval: 0, or replay in forge mode",
+        ".replay.evalInterval",
+        _byo_eval_in_debug,
+    ),
+    CrossFieldRule(
+        "",
+        _cel_eval_datasets(),
+        "spec.replay.evalInterval: slime and miles refuse --eval-interval unless spec.trainer.args configure eval "
+        "datasets (--eval-prompt-data or --eval-config), which the replay never reads",
+        ".replay.evalInterval",
+        _byo_eval_needs_datasets,
     ),
     CrossFieldRule(
         "",

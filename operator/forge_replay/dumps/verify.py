@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
+from forge_replay.backends.acceptance import UpstreamSettings, refusals
 from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
 from forge_replay.dumps.files import load
@@ -29,11 +30,13 @@ from forge_replay.dumps.sample import Sample, SampleError
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
 
-def replayed_eval_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int, eval_before_train: bool) -> list[int]:
-    """Every eval a run replays, in order: the one before the first step (when asked for) and those after rollouts."""
+def replayed_eval_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int, eval_before_train: bool,
+                      backend: str = "builtin") -> list[int]:
+    """Every eval a run replays, in order: the one before the first step (when asked for, where ``backend``'s
+    train.py evaluates it) and those after rollouts."""
     from forge_replay.replay import eval_before_train_id
 
-    first = eval_before_train_id(start_rollout_id, eval_interval, eval_before_train)
+    first = eval_before_train_id(start_rollout_id, eval_interval, eval_before_train, backend)
     after = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
     return sorted(set(after) | ({first} if first is not None else set()))
 
@@ -195,6 +198,8 @@ def verify_dumps(
     eval_reward_key: str | None = None,
     conversion: Conversion | None = None,
     notes: tuple[str, ...] = (),
+    backend: str = "builtin",
+    upstream: UpstreamSettings | None = None,
 ) -> VerifyReport:
     """Check every train (and eval) dump a job reads; each distinct file is loaded once, safely.
 
@@ -203,9 +208,11 @@ def verify_dumps(
     With ``conversion`` (the job's settings) every train dump is converted as the trainer converts it, and eval dumps'
     dict rewards are read under ``eval_reward_key`` or the job's reward key (a dict without a key is refused); without
     it the per-sample checks run alone and dict rewards are checked only under ``reward_key``. With
-    ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too. ``notes`` (checks
-    skipped, e.g. an unreadable model config) are carried into the report. Raises ValueError for an invalid template
-    or counts.
+    ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too, where
+    ``backend``'s train.py evaluates it (miles: at ``start_rollout_id``; slime and builtin: only at 0). ``notes``
+    (checks skipped, e.g. an unreadable model config) are carried into the report. With ``upstream`` (a slime / miles job's
+    settings) every train dump must also pass that framework's own acceptance rules (backends/acceptance.py), which
+    are stricter than forge-replay's trainer in places. Raises ValueError for an invalid template or counts.
     """
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
@@ -220,7 +227,7 @@ def verify_dumps(
         reward_key = conversion.reward_key
     loaded: dict[str, tuple[int | None, str, int | None, int | None]] = {}  # path -> (samples, error, id, masked)
     rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
-    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train)
+    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train, backend)
 
     def check(path: str, kind: str) -> tuple[int | None, str, int | None, int | None]:
         if path not in loaded:
@@ -235,6 +242,9 @@ def verify_dumps(
                     problem = eval_reward_problem(dump.samples, eval_reward_key or reward_key, conversion is not None)
                     if problem:
                         raise SampleError(None, "reward", problem)
+                refused = refusals(dump.samples, upstream) if kind == "train" and upstream is not None else []
+                if refused:  # the framework's own acceptance, stricter than forge-replay's trainer here
+                    raise SampleError(refused[0].index, refused[0].field, refused[0].problem)
                 loaded[path] = (len(dump.samples), "", dump.rollout_id, masked_out)
             except SampleError as exc:
                 loaded[path] = (None, str(exc) if exc.where else f"{path}: {exc}", None, None)

@@ -73,7 +73,7 @@ def synthesize_if_absent(job, dumps_root: str, echo) -> list[str]:
     shape = synth_shape(job)
     start = replay.start_rollout_id if is_template(template) else 0
     eval_ids = replayed_eval_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval,
-                                 replay.eval_before_train)
+                                 replay.eval_before_train, job.spec.trainer.backend)
     target = os.path.join(dumps_root, template)
     # the first dump tells how large they all are, before the disk fills up
     written = write_synth_dumps(target, 1, start_rollout_id=start, **shape)
