@@ -229,7 +229,8 @@ def test_eval_and_reward_keys_row() -> None:
 
 def test_eval_before_train_only_when_asked() -> None:
     """slime's and miles' train.py evaluate before training whenever eval is on, unless --skip-eval-before-train."""
-    assert "--skip-eval-before-train" in argv(byo("slime", spec__replay__evalInterval=2, spec__trainer__args=EVAL_DATA))
+    skipped = byo("slime", spec__replay__evalInterval=2, spec__trainer__args=EVAL_DATA)
+    assert "--skip-eval-before-train" in argv(skipped)
     asked = byo("miles", spec__replay__evalInterval=2, spec__trainer__args=EVAL_DATA, spec__replay__evalBeforeTrain=True)
     assert "--skip-eval-before-train" not in argv(asked)
     assert "--skip-eval-before-train" not in argv(byo("slime"))  # no eval at all
@@ -281,3 +282,49 @@ def test_validate_says_the_upstream_loader_unpickles(tmp_path) -> None:
         outputs[loader] = out.getvalue()
     assert "torch.load(weights_only=False)" in outputs["upstream"]
     assert "note:" not in outputs["forgeReplay"]
+
+
+# ------------------------------------------------------------------------ refused before launch (issue 26)
+
+
+@pytest.mark.parametrize("key,why", [
+    ("", "is not an environment variable name"), ("PATH=x", "is not an environment variable name"),
+    ("1BAD", "is not an environment variable name"), ("RAY_ADDRESS", "cannot be set"),
+    ("FORGE_REPLAY_PROBE_DIR", "cannot be set"),
+])
+def test_env_names_and_the_jobs_own_variables_refused(key: str, why: str) -> None:
+    found = problems(byo("slime", spec__trainer__env={key: "x", "NCCL_DEBUG": "INFO"}))
+    assert len(found) == 1 and found[0].startswith("spec.trainer.env") and why in found[0], found
+
+
+def test_pythonpath_is_merged_not_refused() -> None:
+    from forge_replay.backends.launch import FORGE_LIB_MOUNT, env_vars
+
+    spec = parse_job(byo("miles", spec__trainer__env={"PYTHONPATH": "/opt/team"})).spec
+    assert env_vars(spec)["PYTHONPATH"] == f"/opt/team:{FORGE_LIB_MOUNT}"  # replaces Megatron's, ours appended
+
+
+@pytest.mark.parametrize("field,value", [
+    ("spec__trainer__image", "UPPER CASE image with spaces"), ("spec__trainer__image", "registry.example.com/Team/x"),
+    ("spec__image", "runtime image:latest"),
+])
+def test_image_must_be_an_image_reference(field: str, value: str) -> None:
+    path = "spec.trainer.image" if "trainer" in field else "spec.image"
+    found = problems(byo("slime", **{field: value}))
+    assert any(p.startswith(f"{path}: {value!r} is not an image reference") for p in found), found
+
+
+@pytest.mark.parametrize("image", [
+    "registry.example.com:5000/ml-platform/slime:2026.11", "slime", "ghcr.io/org/miles@sha256:" + "ab" * 32,
+])
+def test_image_references_accepted(image: str) -> None:
+    assert parse_job(byo("miles", spec__trainer__image=image)).spec.trainer.image == image
+
+
+@pytest.mark.parametrize("field,value,path", [
+    ("script", "../train.py", "spec.trainer.script"), ("script", "/root/slime/train.py", "spec.trainer.script"),
+    ("script", "tools/../../x.py", "spec.trainer.script"), ("workingDir", "/root/../etc", "spec.trainer.workingDir"),
+])
+def test_script_and_working_dir_stay_in_place(field: str, value: str, path: str) -> None:
+    assert any(p.startswith(f"{path}: ") for p in problems(byo("slime", **{f"spec__trainer__{field}": value})))
+    assert parse_job(byo("slime", spec__trainer__script="tools/train_async.py")).spec.trainer.script

@@ -85,7 +85,8 @@ def _script(name: str):
 
 def test_backend_rules_finds_moved_lines_and_says_when_code_changed() -> None:
     rules = _script("backend-rules")
-    source = ["def f(args):", "    if args.eval_interval is not None:", "        assert args.eval_datasets", "    x = 1"]
+    source = ["def f(args):", "    if args.eval_interval is not None:", "        assert args.eval_datasets",
+              "    x = 1"]
     cite = {"file": "a.py", "line": 2, "end": 3, "anchor": rules.anchor(source[1:3])}
     assert rules.find(source, cite) == 2
     assert rules.find(["# new first line", *source], cite) == 3  # moved down one line: found again

@@ -48,6 +48,26 @@ MAX_PATH_LENGTH = 4096
 MAX_ARGS = 512  # spec.trainer.args items: bounds the cost of the CRD's CEL rule over them
 MAX_ARG_LENGTH = 1024
 
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = (
+    rf"^(?:(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?/)?"
+    rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?$"
+)
+"""An image reference as the container runtime parses one (github.com/distribution/reference: [domain[:port]/]path
+[:tag][@digest], the path lowercase)."""
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""An environment variable name a shell and Ray's runtime env both take."""
+MAX_ENV = 128  # spec.trainer.env entries: bounds the cost of the CRD's CEL rule over them
+RESERVED_ENV = {
+    "RAY_ADDRESS": "the script reaches the job's own Ray cluster through it (KubeRay, or forge-replay run, sets it)",
+    "FORGE_REPLAY_PROBE_DIR": "the memory probe writes where forge-replay sets it (the results folder)",
+}
+"""spec.trainer.env keys the job's wiring owns."""
+
 FT_COMPONENTS = ("train", "rollout")
 INT32_MAX = 2**31 - 1  # Kubernetes int32 fields (e.g. RayJob.spec.ttlSecondsAfterFinished)
 MAX_SAMPLES_PER_PROMPT = 4096  # GRPO groups are 8-512 in practice; --synth-missing writes 4 prompts x this
@@ -91,6 +111,16 @@ def label_value_problem(value: str) -> str | None:
 def _short(text: str) -> str:
     shown = repr(text)
     return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _checked_image(value: str) -> str:
+    """``value`` when it is empty or an image reference; SpecInvalid naming the field otherwise."""
+    import re
+
+    if value and not re.fullmatch(IMAGE_REFERENCE, value):
+        raise SpecInvalid([Problem("", f"{_short(value)} is not an image reference "
+                                   "([registry[:port]/]path[:tag][@digest], the path lowercase, no spaces)")])
+    return value
 
 
 def _check_labels(value: dict[str, str]) -> dict[str, str]:
@@ -265,18 +295,21 @@ class TrainerSpec(_Model):
     image: str = Field(
         default="",
         max_length=1024,
-        description="slime / miles: the team's image; every Ray pod (the submitter too) runs it. Required there.",
+        description="slime / miles: the team's image; every Ray pod (the submitter too) runs it. Required there. "
+        "An image reference: [registry[:port]/]path[:tag][@digest], the path lowercase.",
+        json_schema_extra={"pattern": f"^$|{IMAGE_REFERENCE}"},
     )
     working_dir: str = Field(
         default="",
         max_length=MAX_PATH_LENGTH,
-        description="slime / miles: absolute folder in the image the script runs in (e.g. /root/slime). Required there.",
+        description="slime / miles: absolute folder in the image the script runs in (e.g. /root/slime), without "
+        "'..'. Required there.",
     )
     script: str = Field(
         default="train.py",
         min_length=1,
         max_length=MAX_PATH_LENGTH,
-        description="slime / miles: the training script, relative to workingDir.",
+        description="slime / miles: the training script, relative to workingDir, without '..'.",
     )
     args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
@@ -289,9 +322,13 @@ class TrainerSpec(_Model):
     )
     env: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_ENV,
         description=(
-            "slime / miles: environment variables merged into the Ray job's runtime env (env_vars), over "
-            "the defaults (PYTHONPATH with Megatron-LM, CUDA_DEVICE_MAX_CONNECTIONS=1)."
+            "slime / miles: environment variables merged into the Ray job's runtime env (env_vars), over the "
+            "defaults PYTHONPATH=/root/Megatron-LM/ and CUDA_DEVICE_MAX_CONNECTIONS=1. A PYTHONPATH here replaces "
+            "the default one (give /root/Megatron-LM/ again if the script needs it), and forge-replay's package "
+            "folder is always appended to it. Names are letters, digits and '_' (not starting with a digit); "
+            "RAY_ADDRESS and FORGE_REPLAY_PROBE_DIR are the job's own."
         ),
     )
     nodes: Int = Field(default=1, ge=1, le=4096, description="Trainer nodes (Ray worker pods).")
@@ -326,6 +363,11 @@ class TrainerSpec(_Model):
     memory_snapshot: bool = Field(
         default=False, description="On GPU, also write a torch CUDA memory snapshot per rank to the results."
     )
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        return _checked_image(value)
 
     @model_validator(mode="after")
     def _default_clip_eps_high(self) -> TrainerSpec:
@@ -1150,6 +1192,34 @@ def _byo_args_allowed(spec: ForgeReplayJobSpec) -> list[Problem]:
     return [Problem(f"spec.trainer.args[{i}]", message) for i, message in arg_problems(t.backend, t.args)]
 
 
+def _byo_env_names(spec: ForgeReplayJobSpec) -> list[Problem]:
+    import re
+
+    problems = []
+    for key in spec.trainer.env:
+        path = f"spec.trainer.env.{key}" if key else "spec.trainer.env"
+        if not re.fullmatch(ENV_NAME, key):
+            problems.append(Problem(path, f"{_short(key)} is not an environment variable name (letters, digits and "
+                                    "'_', not starting with a digit)"))
+        elif key in RESERVED_ENV:
+            problems.append(Problem(path, f"cannot be set: {RESERVED_ENV[key]}"))
+    return problems
+
+
+def _byo_script_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.script.startswith("/") or ".." in t.script.split("/"):
+        return [Problem("spec.trainer.script", f"must be relative to workingDir, without '..' ({t.script!r})")]
+    return []
+
+
+def _byo_working_dir_plain(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if ".." in t.working_dir.split("/"):
+        return [Problem("spec.trainer.workingDir", f"must not contain '..' ({t.working_dir!r})")]
+    return []
+
+
 def _cel_literal(value: Any) -> str:
     return json.dumps(value)
 
@@ -1201,7 +1271,8 @@ def _cel_required_flags() -> str:
 def _cel_eval_datasets() -> str:
     per_backend = [
         f"self.trainer.backend != {_cel_literal(b)} || (has(self.trainer.args) && ("
-        + " || ".join(_cel_args_set(flag, "self.trainer.args") for flag in _rule_facts(b, "eval-needs-datasets", "flags"))
+        + " || ".join(_cel_args_set(flag, "self.trainer.args")
+                      for flag in _rule_facts(b, "eval-needs-datasets", "flags"))
         + "))"
         for b in _backends_with("eval-needs-datasets")
     ]
@@ -1251,6 +1322,28 @@ CROSS_FIELD_RULES += [
         "(set them in args)",
         ".backend",
         _builtin_fields_refused,
+    ),
+    CrossFieldRule(
+        "trainer.env",
+        f"self.all(k, k.matches({_cel_literal(ENV_NAME)}) && !(k in {_cel_literal(sorted(RESERVED_ENV))}))",
+        "spec.trainer.env: names are letters, digits and '_' (not starting with a digit), and RAY_ADDRESS and "
+        "FORGE_REPLAY_PROBE_DIR are the job's own",
+        "",
+        _byo_env_names,
+    ),
+    CrossFieldRule(
+        "trainer",
+        "!has(self.script) || (!self.script.startsWith('/') && !self.script.matches('(^|/)\\\\.\\\\.(/|$)'))",
+        "spec.trainer.script: must be relative to workingDir, without '..'",
+        ".script",
+        _byo_script_relative,
+    ),
+    CrossFieldRule(
+        "trainer",
+        "!has(self.workingDir) || !self.workingDir.matches('(^|/)\\\\.\\\\.(/|$)')",
+        "spec.trainer.workingDir: must not contain '..'",
+        ".workingDir",
+        _byo_working_dir_plain,
     ),
     CrossFieldRule(
         "trainer",
@@ -1364,7 +1457,13 @@ class ForgeReplayJobSpec(_Model):
     fault_tolerance: FaultToleranceSpec = Field(
         default_factory=FaultToleranceSpec, description="Fault tolerance and its components (train, rollout)."
     )
-    image: str = Field(default="", max_length=1024, description="Runtime image; the operator's default when empty.")
+    image: str = Field(
+        default="",
+        max_length=1024,
+        description="Runtime image; the operator's default when empty. An image reference: "
+        "[registry[:port]/]path[:tag][@digest], the path lowercase.",
+        json_schema_extra={"pattern": f"^$|{IMAGE_REFERENCE}"},
+    )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Placement of the GPU pods.")
     pod: PodSettings = Field(
         default_factory=PodSettings, description="Pull secrets, env, annotations, labels and extra resources of every pod."
@@ -1390,6 +1489,11 @@ class ForgeReplayJobSpec(_Model):
         description="Release-validation verdict: memory budget, fallbacks, throughput and a baseline report to "
         "reproduce (status.expectations, condition ExpectationsMet).",
     )
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        return _checked_image(value)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ForgeReplayJobSpec:
