@@ -227,15 +227,18 @@ class ReplaySpec(_Model):
         le=1_000_000,
         description=(
             "Evaluate after rollout N when (N + 1) % evalInterval == 0, as slime does, reading the eval_N dump "
-            "(no fallback): evalInterval 4 over rollouts 0-7 reads eval_3 and eval_7. 0 disables eval."
+            "(no fallback): evalInterval 4 over rollouts 0-7 reads eval_3 and eval_7. 0 disables eval. slime / "
+            "miles: forge mode only (they never evaluate in debug mode), and spec.trainer.args must configure an eval "
+            "dataset (--eval-prompt-data or --eval-config), which they require and the replay never reads."
         ),
     )
     eval_before_train: bool = Field(
         default=False,
         description=(
-            "Also evaluate before the first training step, reading the eval_0 dump, as slime does (on by default "
-            "there, --skip-eval-before-train turns it off): only with evalInterval > 0, and only when the run "
-            "starts at rollout 0 (startRolloutId 0); a run started later does not."
+            "Also evaluate before the first training step, as slime's and miles' train.py do (on by default "
+            "there, --skip-eval-before-train turns it off); only with evalInterval > 0. builtin and slime: only "
+            "when the run starts at rollout 0, reading eval_0 (a run started later does not); miles: before its "
+            "first step whatever it is, reading eval_<startRolloutId>."
         ),
     )
     verify: bool = Field(
