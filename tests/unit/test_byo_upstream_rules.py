@@ -333,3 +333,12 @@ def test_every_upstream_line_the_docs_cite_is_in_the_data() -> None:
     in_docs = re.findall(r"`((?:slime|miles)/[\w/]+\.py:\d+(?:-\d+)?|train\.py:\d+(?:-\d+)?)`", text)
     assert len(in_docs) >= 15
     assert sorted(set(in_docs) - cited) == []
+
+
+def test_run_says_the_same_notes_before_anything_runs(tmp_path) -> None:
+    from forge_replay.backends.local import run_cli
+
+    job = parse_job(byo_job("miles", "debug", spec__trainer__gpusPerNode=0))
+    said: list[str] = []
+    assert run_cli("job.yaml", job, str(tmp_path), "dumps", "results", False, said.append) == 2  # no train.py there
+    assert any("note: spec.trainer.gpusPerNode 0 injects --actor-num-gpus-per-node 0" in line for line in said), said

@@ -148,6 +148,10 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
         err(f"{file}: backend {spec.trainer.backend} runs the team's {spec.trainer.script}: pass --trainer-root DIR, "
             f"the local folder standing in for spec.trainer.workingDir ({spec.trainer.working_dir})")
         return EXIT_UNUSABLE
+    from forge_replay.api.cli import job_notes
+
+    for note in job_notes(spec):  # as validate says them: the upstream loader unpickles; no GPUs, a stand-in only
+        err(f"{file}: note: {note}")
     script = Path(trainer_root, spec.trainer.script)
     if not script.is_file():
         err(f"{file}: {script} does not exist (spec.trainer.script under --trainer-root)")
@@ -161,10 +165,6 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
     elif not Path(dumps_root).is_dir():
         err(f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing")
         return EXIT_FAILED
-    if spec.replay.loader == "upstream":
-        from forge_replay.api.cli import UPSTREAM_LOADER_NOTE
-
-        err(f"{file}: note: {UPSTREAM_LOADER_NOTE}")
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")
