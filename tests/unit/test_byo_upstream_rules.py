@@ -342,3 +342,18 @@ def test_run_says_the_same_notes_before_anything_runs(tmp_path) -> None:
     said: list[str] = []
     assert run_cli("job.yaml", job, str(tmp_path), "dumps", "results", False, said.append) == 2  # no train.py there
     assert any("note: spec.trainer.gpusPerNode 0 injects --actor-num-gpus-per-node 0" in line for line in said), said
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stand_in_refuses_what_the_frameworks_refuse(backend: str) -> None:
+    """tests/byo/train.py follows the data: a missing required flag exits 2 as argparse does; --eval-interval without
+    an eval dataset fails as the frameworks' assertion does."""
+    from tests.byo.train import main
+
+    spec = parse_job(byo_job(backend, "debug")).spec
+    injected = ["--stand-in-backend", backend, *injected_argv(spec, "/nowhere")]
+    with pytest.raises(SystemExit) as exited:
+        main(injected)  # no --rollout-batch-size
+    assert exited.value.code == 2
+    with pytest.raises(AssertionError, match="Evaluation datasets must be configured"):
+        main([*injected, *REQUIRED_ARGS, "--eval-interval", "2"])
