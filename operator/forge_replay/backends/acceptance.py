@@ -121,7 +121,8 @@ def _rollout_shares_reward(samples: Sequence[Any], settings: UpstreamSettings) -
             key = s.rollout_id if s.rollout_id is not None else s.index if s.index is not None else ("row", i)
             j = first.setdefault(key, i)
             if j != i and _reward_value(s, settings) != _reward_value(samples[j], settings):
-                what = f"rollout_id {key}" if s.rollout_id is not None else f"index {key}" if s.index is not None else "?"
+                what = (f"rollout_id {key}" if s.rollout_id is not None
+                        else f"index {key}" if s.index is not None else "no rollout_id, no index")
                 return Refusal(i, "reward", f"{_short(_reward_value(s, settings))} differs from sample {j}'s "
                                f"{_short(_reward_value(samples[j], settings))}, in the same group and the same "
                                f"rollout ({what}): {settings.backend} requires the samples of one rollout to share one "
