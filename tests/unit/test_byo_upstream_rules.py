@@ -357,3 +357,26 @@ def test_stand_in_refuses_what_the_frameworks_refuse(backend: str) -> None:
     assert exited.value.code == 2
     with pytest.raises(AssertionError, match="Evaluation datasets must be configured"):
         main([*injected, *REQUIRED_ARGS, "--eval-interval", "2"])
+
+
+def test_every_spec_validate_accepts_builds_an_argv_the_framework_takes() -> None:
+    """Over backends, modes, eval on/off and what args give: every spec validate accepts builds an argv the
+    framework's own code takes (argv_problems empty); some of the combinations are refused."""
+    import itertools
+
+    variants = {"none": [], "batch": REQUIRED_ARGS, "batch+eval": [*REQUIRED_ARGS, *EVAL_DATA],
+                "eval": EVAL_DATA, "batch+prompts": [*REQUIRED_ARGS, "--prompt-data", "/p.jsonl"]}
+    seen = set()
+    for backend, mode, interval, (name, args) in itertools.product(BACKENDS, ["forge", "debug"], [0, 2],
+                                                                   variants.items()):
+        doc = byo_job(backend, mode, spec__replay__evalInterval=interval)
+        doc["spec"]["trainer"]["args"] = list(args)
+        try:
+            spec = parse_job(doc).spec
+        except SpecInvalid:
+            seen.add("refused")
+            continue
+        seen.add("accepted")
+        full = command(spec, "/mnt/forge-replay/dumps")[2:]
+        assert argv_problems(backend, full) == [], (backend, mode, interval, name)
+    assert seen == {"accepted", "refused"}
