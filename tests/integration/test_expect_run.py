@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 from click.testing import CliRunner  # noqa: E402
 
 from forge_replay.api import parse_job  # noqa: E402
-from forge_replay.expect import check_report, first_failure  # noqa: E402
+from forge_replay.verdict.checks import check_report, first_failure  # noqa: E402
 from forge_replay.runtime.cli import run as run_command  # noqa: E402
 from tests.integration.test_runtime import job_doc, write_dump, write_job_file  # noqa: E402
 

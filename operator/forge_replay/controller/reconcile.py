@@ -361,8 +361,9 @@ class Reconciler:
 
     def _baseline_problem(self, job: ForgeReplayJob) -> str | None:
         """Why the ConfigMap of spec.expect.baseline cannot give the runtime its baseline (missing, no report.json
-        key, not a report), or None (also without one; a baseline on a PVC is read by the runtime)."""
-        from forge_replay.expect import BASELINE_KEY, BaselineUnreadable, parse_report
+        key, not a report, not usable: ``verdict.reports.unusable_reason``), or None (also without one; a baseline
+        on a PVC is read by the runtime)."""
+        from forge_replay.verdict.reports import BASELINE_KEY, ReportUnreadable, parse_report, usable_or_raise
 
         baseline = job.spec.expect.baseline if job.spec.expect is not None else None
         if baseline is None or baseline.config_map_name is None:
@@ -376,9 +377,9 @@ class Reconciler:
         text = (config.get("data") or {}).get(BASELINE_KEY)
         if not text:
             return f"{where} has no data key {BASELINE_KEY}"
-        try:
-            parse_report(text, f"{where} key {BASELINE_KEY}")
-        except BaselineUnreadable as exc:
+        try:  # the same definition of a usable baseline as `report baseline` and the runtime's
+            usable_or_raise(parse_report(text, f"{where} key {BASELINE_KEY}"), f"{where} key {BASELINE_KEY}")
+        except ReportUnreadable as exc:
             return str(exc)
         return None
 

@@ -213,7 +213,7 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
         if problem:
             err(f"{file}: {problem}")
             sys.exit(EXIT_UNUSABLE)
-    from forge_replay.runtime.verdict import baseline_problem
+    from forge_replay.verdict.run import baseline_problem
 
     problem = baseline_problem(baseline, spec)  # before Ray: a baseline that cannot be used is bad input
     if problem:
@@ -237,7 +237,7 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
                          baseline)
     finally:
         lock.release()
-    from forge_replay.runtime.verdict import unmet
+    from forge_replay.verdict.run import unmet
 
     if unmet(report):
         err(f"forge-replay run {file}: {unmet(report)}")
