@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from forge_replay.verdict.reports import BASELINE_KEY, unusable_reason
+from forge_replay.verdict.reports import BASELINE_KEY, ReportUnreadable, parse_report, unusable_reason, usable_or_raise
 
 CONFIGMAP_LIMIT = 1024 * 1024
 """The API server refuses a ConfigMap whose data is over 1 MiB (etcd's object size)."""
@@ -51,6 +51,24 @@ def not_a_baseline(doc: dict, where: str) -> str | None:
     """Why a parsed report is no baseline (:func:`unusable_reason`), naming ``where``; None when it is one."""
     why = unusable_reason(doc)
     return f"{where}: {why}; a baseline is the report of a run that finished and met its expectations" if why else None
+
+
+def configmap_problem(configmap: dict | None, namespace: str, name: str) -> str | None:
+    """Why the ConfigMap of spec.expect.baseline (as read from the API server; None when absent) cannot give the
+    runtime its baseline: missing, no report.json key, not a report, not usable (:func:`unusable_reason`); None
+    when it can. The operator asks this before it creates anything."""
+    where = f"ConfigMap {namespace}/{name} (spec.expect.baseline.configMapName)"
+    if configmap is None:
+        return (f"{where} does not exist; create it (forge-replay report baseline REPORT.json --name {name}) "
+                "or fix the name")
+    text = (configmap.get("data") or {}).get(BASELINE_KEY)
+    if not text:
+        return f"{where} has no data key {BASELINE_KEY}"
+    try:
+        usable_or_raise(parse_report(text, f"{where} key {BASELINE_KEY}"), f"{where} key {BASELINE_KEY}")
+    except ReportUnreadable as exc:
+        return str(exc)
+    return None
 
 
 def name_problems(name: str, namespace: str | None) -> list[str]:
