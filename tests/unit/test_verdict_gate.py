@@ -258,11 +258,15 @@ def test_compare_warns_on_other_thread_settings_and_prints_every_digit(tmp_path)
 
 def long_report(rollouts=1000):
     """A 1000-rollout report as a run writes it: every per-rollout field, memory per rank, a full summary."""
-    doc = good(losses=[0.1 + i * 1.234567e-7 for i in range(rollouts)])
+    import random
+
+    draw = random.Random(25).random  # floats with all 17 significant digits, as a run's are
+    doc = good(losses=[draw() for _ in range(rollouts)])
     for r in doc["rollouts"]:
         r.update(tokens=65536, loss_tokens=32768.0, num_samples=256, micro_batches=8, step_seconds=12.345678,
-                 data_wait_seconds=0.0123, dump_path=f"run-42/rollout_{r['rollout_id']}.pt", clip_fraction=0.0123456,
-                 reward_mean=0.51234567, masked_out_samples=0, multimodal_ignored_samples=0, non_finite={},
+                 data_wait_seconds=0.0123, dump_path=f"run-42/rollout_{r['rollout_id']}.pt", clip_fraction=draw(),
+                 grad_norm=draw() * 10, reward_mean=draw(), masked_out_samples=0, multimodal_ignored_samples=0,
+                 non_finite={},
                  rollout_id_mismatch=None, weight_sync_seconds=None,
                  memory=[{"rank": k, "device": "cuda:0", "peak_allocated_gib": 71.123456, "peak_reserved_gib": 75.5,
                           "peak_rss_gib": 3.2, "rss_reset": True} for k in range(8)])
