@@ -50,6 +50,17 @@ class Check:
         return out
 
 
+@dataclass(frozen=True)
+class Limits:
+    """spec.expect's limits where pydantic is not installed (the slime / miles publish step in the team's
+    image): the attributes of ``ExpectSpec`` that :func:`check_report` reads."""
+
+    max_peak_memory_gib: float | None = None
+    max_fallbacks: int | None = None
+    min_tokens_per_second: float | None = None
+    baseline: Any = None
+
+
 # ------------------------------------------------------------------------------------------ figures
 
 
