@@ -98,7 +98,8 @@ def baseline_configmap(content: dict, name: str, namespace: str | None) -> dict:
         "forgereplay.io/environment": ", ".join(f"{k}={env[k]}" for k in sorted(env)
                                                 if k not in ("deterministic", "threads")),
     }
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {BASELINE_KEY: baseline_text(content)}}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+            "data": {BASELINE_KEY: baseline_text(content)}}
 
 
 def applied_size(configmap: dict) -> int:
