@@ -287,3 +287,17 @@ def test_a_1000_rollout_baseline_fits_client_side_apply(tmp_path):
     same = invoke("compare", str(tmp_path / "r.json"), str(baseline), "--rtol", "0", "--atol", "0",
                   "--metrics", ",".join(ROLLOUT_METRICS))
     assert same.exit_code == 0 and "on all 1000 rollouts" in same.output
+
+
+def test_the_runs_verdict_warns_on_another_environment_or_setting(tmp_path):
+    """What `run` and the in-cluster runtime record in report.json's warnings next to a passing verdict."""
+    from forge_replay.verdict.run import verdict
+
+    threads = {**ENV["threads"], "OMP_NUM_THREADS": "1"}
+    lr = {**IDENTITY, "trainer": {**IDENTITY["trainer"], "learning_rate": 1e-5}}
+    path = write(tmp_path, "b.json", good(identity=lr, environment={**ENV, "threads": threads}))
+    spec = parse_job(debug_job(spec__expect={"baseline": {"configMapName": "b"}})).spec
+    checks, warnings = verdict(good(), spec, path)
+    assert all(c.passed for c in checks)
+    assert [w.split(": ")[1] for w in warnings] == ["trainer.learning_rate", "threads"]
+    assert all(w.startswith(f"baseline {path}: ") for w in warnings)
