@@ -301,3 +301,13 @@ def test_the_runs_verdict_warns_on_another_environment_or_setting(tmp_path):
     assert all(c.passed for c in checks)
     assert [w.split(": ")[1] for w in warnings] == ["trainer.learning_rate", "threads"]
     assert all(w.startswith(f"baseline {path}: ") for w in warnings)
+
+
+def test_run_refuses_a_baseline_of_another_mode_before_it_trains(tmp_path):
+    forge = write(tmp_path, "forge.json", good(identity={**IDENTITY, "mode": "forge"}))
+
+    def spec(allow):
+        return parse_job(debug_job(spec__expect={"baseline": {"configMapName": "b", "allowDifferent": allow}})).spec
+
+    assert "is of another job: mode: 'debug' here, 'forge' in the baseline" in baseline_problem(forge, spec(False))
+    assert baseline_problem(forge, spec(True)) is None

@@ -11,14 +11,15 @@ import logging
 
 from forge_replay.verdict.checks import Check, check_report
 from forge_replay.verdict.compare import fmt
-from forge_replay.verdict.identity import environment_differences, identity_differences
+from forge_replay.verdict.identity import environment_differences, identity_differences, identity_of
 from forge_replay.verdict.reports import ReportUnreadable, read_usable
 
 log = logging.getLogger(__name__)
 
 
 def baseline_problem(path: str | None, spec) -> str | None:
-    """Why the baseline of ``spec.expect`` cannot be used at ``path`` (checked before Ray starts), or None."""
+    """Why the baseline of ``spec.expect`` cannot be used at ``path`` (checked before Ray starts: unreadable, not
+    usable, or of another mode or model unless allowed), or None."""
     if spec.expect is None or spec.expect.baseline is None:
         return "given a baseline, but the job has no spec.expect.baseline (metrics, rtol, atol)" if path else None
     if path is None:
@@ -26,9 +27,13 @@ def baseline_problem(path: str | None, spec) -> str | None:
         where = f"ConfigMap {b.config_map_name}" if b.config_map_name else f"{b.path} on PVC {b.claim_name}"
         return f"spec.expect.baseline names {where}: pass --baseline FILE with that report.json"
     try:
-        read_usable(path)
+        baseline = read_usable(path)
     except ReportUnreadable as exc:
         return f"baseline {exc}"
+    blocking, _ = identity_differences({"identity": identity_of("", spec)}, baseline)
+    if blocking and not spec.expect.baseline.allow_different:  # the run would fail baseline.identity: say it now
+        return (f"baseline {path} is of another job: {'; '.join(blocking)} (spec.expect.baseline.allowDifferent: "
+                "true compares anyway)")
     return None
 
 
