@@ -311,3 +311,6 @@ def test_run_refuses_a_baseline_of_another_mode_before_it_trains(tmp_path):
 
     assert "is of another job: mode: 'debug' here, 'forge' in the baseline" in baseline_problem(forge, spec(False))
     assert baseline_problem(forge, spec(True)) is None
+    configmap = {"data": {"report.json": open(forge).read()}}  # the operator, before it creates anything
+    assert "is of another job: mode:" in configmap_problem(configmap, "ml", "b", spec(False))
+    assert configmap_problem(configmap, "ml", "b", spec(True)) is None

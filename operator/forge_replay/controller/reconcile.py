@@ -369,7 +369,7 @@ class Reconciler:
         if baseline is None or baseline.config_map_name is None:
             return None
         namespace, name = job.metadata.namespace, baseline.config_map_name
-        return configmap_problem(self.kube.get("v1", "ConfigMap", namespace, name), namespace, name)
+        return configmap_problem(self.kube.get("v1", "ConfigMap", namespace, name), namespace, name, job.spec)
 
     def _launch_note(self, namespace: str, rayjob: dict[str, Any] | None) -> str | None:
         """Why the Ray pods of a launching RayJob do not start, in their own words (None when nothing is stuck)."""

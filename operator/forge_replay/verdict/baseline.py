@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 
+from forge_replay.verdict.identity import identity_differences, identity_of
 from forge_replay.verdict.reports import BASELINE_KEY, ReportUnreadable, parse_report, unusable_reason, usable_or_raise
 
 CONFIGMAP_LIMIT = 1024 * 1024
@@ -53,10 +54,11 @@ def not_a_baseline(doc: dict, where: str) -> str | None:
     return f"{where}: {why}; a baseline is the report of a run that finished and met its expectations" if why else None
 
 
-def configmap_problem(configmap: dict | None, namespace: str, name: str) -> str | None:
+def configmap_problem(configmap: dict | None, namespace: str, name: str, spec=None) -> str | None:
     """Why the ConfigMap of spec.expect.baseline (as read from the API server; None when absent) cannot give the
-    runtime its baseline: missing, no report.json key, not a report, not usable (:func:`unusable_reason`); None
-    when it can. The operator asks this before it creates anything."""
+    runtime its baseline: missing, no report.json key, not a report, not usable (:func:`unusable_reason`), or
+    (given the job's ``spec``) of another mode or model unless allowed; None when it can. The operator asks this
+    before it creates anything."""
     where = f"ConfigMap {namespace}/{name} (spec.expect.baseline.configMapName)"
     if configmap is None:
         return (f"{where} does not exist; create it (forge-replay report baseline REPORT.json --name {name}) "
@@ -65,9 +67,14 @@ def configmap_problem(configmap: dict | None, namespace: str, name: str) -> str 
     if not text:
         return f"{where} has no data key {BASELINE_KEY}"
     try:
-        usable_or_raise(parse_report(text, f"{where} key {BASELINE_KEY}"), f"{where} key {BASELINE_KEY}")
+        doc = usable_or_raise(parse_report(text, f"{where} key {BASELINE_KEY}"), f"{where} key {BASELINE_KEY}")
     except ReportUnreadable as exc:
         return str(exc)
+    if spec is not None and not spec.expect.baseline.allow_different:
+        blocking, _ = identity_differences({"identity": identity_of("", spec)}, doc)
+        if blocking:
+            return (f"{where} key {BASELINE_KEY} is of another job: {'; '.join(blocking)} "
+                    "(spec.expect.baseline.allowDifferent: true compares anyway)")
     return None
 
 
