@@ -69,6 +69,10 @@ REFUSED = [
     ("runtime-image-spaces", {}, "forge", {"image": "Runtime Image"}, "spec.image"),
     ("slime-script-up", {"script": "../train.py"}, "forge", {}, "spec.trainer.script"),
     ("slime-working-dir-up", {"workingDir": "/root/../etc"}, "forge", {}, "spec.trainer.workingDir"),
+    # issue 25: a gate that checks nothing, and what a foreign trainer's report does not hold
+    ("builtin-expect-empty", {"backend": "builtin", "image": "", "workingDir": ""}, "forge", {"expect": {}},
+     "spec.expect"),
+    ("slime-expect-tokens", {}, "forge", {"expect": {"maxPeakMemoryGiB": 130, "minTokensPerSecond": 1}}, "spec.expect"),
 ]
 ACCEPTED = [
     ("slime-forge", {}, "forge", {}),
@@ -84,6 +88,7 @@ ACCEPTED = [
     ("miles-ft-train", {"backend": "miles"}, "debug", {"faultTolerance": {"enabled": True, "components": ["train"]}}),
     ("slime-cpu", {"gpusPerNode": 0, "args": ["--micro-batch-size", "2"], "env": {"A": "1"}}, "debug", {}),
     ("slime-args-miles-refuses", {"args": ["--fully-async", "--num-rollouts-per-epoch=2", "--colocated"]}, "forge", {}),
+    ("slime-expect-memory", {}, "forge", {"expect": {"maxPeakMemoryGiB": 130}}),
 ]
 
 

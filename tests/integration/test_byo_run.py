@@ -28,6 +28,7 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
                                  "--eval-prompt-data", "aime", "/data/aime.jsonl"],
                         "env": {"FORGE_REPLAY_PROBE_INTERVAL_S": "0.1"}},
             "rollout": {"numGpus": 1, "numGpusPerEngine": 1},
+            "expect": {"maxPeakMemoryGiB": 0.01},  # issue 25: checked against the probe's peak, which is over it
         },
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -36,7 +37,8 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
          str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 3, done.stdout + done.stderr  # the script succeeded; the memory budget did not hold
+    assert "first: maxPeakMemoryGiB: peak memory (GiB, RSS)" in done.stderr
     got = json.loads(report.read_text())
     # rollouts start..start+N (--num-rollout is an end bound), each from its own dump, samples keep their rollout_id
     assert [(r["rollout_id"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"]) for r in got["train"]] == [
@@ -59,5 +61,8 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     written = json.loads((tmp_path / "results" / "report.json").read_text())
     assert (written["backend"], written["exit_code"], written["job"]) == ("miles", 0, "byo-miles")
     assert written["summary"]["memory_peak"]["peak_rss_gib"] >= 96 / 1024
+    assert [(c["name"], c["passed"]) for c in written["expectations"]] == [("maxPeakMemoryGiB", False)]
+    assert written["expectations"][0]["observed"] == written["summary"]["memory_peak"]["peak_rss_gib"]
     progress = json.loads((tmp_path / "results" / "progress.json").read_text())
-    assert progress["result"]["phase"] == "Succeeded" and progress["completed"] == 3
+    assert progress["result"]["phase"] == "Failed" and progress["completed"] == 3  # what the operator reads
+    assert progress["result"]["expectations"][0]["name"] == "maxPeakMemoryGiB"

@@ -627,6 +627,11 @@ class BaselineSpec(_Model):
     rtol: FiniteFloat = Field(default=1.0e-5, ge=0, description="Relative tolerance: |run - baseline| <= "
                               "atol + rtol * |baseline|.")
     atol: FiniteFloat = Field(default=1.0e-8, ge=0, description="Absolute tolerance (see rtol).")
+    allow_different: bool = Field(
+        default=False,
+        description="Compare with a baseline of another replay mode or model (report.json's identity): a warning "
+        "instead of the failed check baseline.identity.",
+    )
 
 
 class ExpectSpec(_Model):
@@ -812,10 +817,33 @@ def _model_path_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
     return []
 
 
-def _expect_needs_builtin(spec: ForgeReplayJobSpec) -> list[Problem]:
-    if spec.expect is not None and spec.trainer.backend != "builtin":
-        return [Problem("spec.expect", f"only the builtin trainer records the report the verdict reads; backend "
-                        f"{spec.trainer.backend} runs its own train.py, so nothing would check it: remove spec.expect")]
+FOREIGN_TRAINER_UNRECORDED = {
+    "maxFallbacks": "the fallbacks of its run go to its own metrics (forge_replay/fallbacks), not to forge-replay's "
+                    "report",
+    "minTokensPerSecond": "forge-replay does not time its training steps",
+    "baseline": "forge-replay does not record its per-rollout loss and grad norm",
+}
+"""What spec.expect may not ask of a slime / miles run (its own train.py), and why: forge-replay records only the
+memory probe's peak of such a run (backends/probe.py, backends/publish.py)."""
+
+
+def _expect_foreign_trainer(spec: ForgeReplayJobSpec) -> list[Problem]:
+    e, backend = spec.expect, spec.trainer.backend
+    if e is None or backend == "builtin":
+        return []
+    asked = {"maxFallbacks": e.max_fallbacks is not None, "minTokensPerSecond": e.min_tokens_per_second is not None,
+             "baseline": e.baseline is not None}
+    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB, from "
+                    "the memory probe, can be checked)")
+            for name, why in FOREIGN_TRAINER_UNRECORDED.items() if asked[name]]
+
+
+def _expect_not_empty(spec: ForgeReplayJobSpec) -> list[Problem]:
+    e = spec.expect
+    if e is not None and all(v is None for v in (e.max_peak_memory_gib, e.max_fallbacks, e.min_tokens_per_second,
+                                                 e.baseline)):
+        return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or "
+                        "baseline, or remove spec.expect (an empty gate would pass having checked nothing)")]
     return []
 
 
@@ -976,10 +1004,19 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
     ),
     CrossFieldRule(
         "",
-        "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin'",
-        "spec.expect: only the builtin trainer records the report the verdict reads (backend slime or miles does not)",
+        "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' "
+        "|| (!has(self.expect.maxFallbacks) && !has(self.expect.minTokensPerSecond) && !has(self.expect.baseline))",
+        "spec.expect: backend slime or miles records only its memory peak: maxFallbacks, minTokensPerSecond and "
+        "baseline cannot be checked (maxPeakMemoryGiB can)",
         ".expect",
-        _expect_needs_builtin,
+        _expect_foreign_trainer,
+    ),
+    CrossFieldRule(
+        "expect",
+        "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline)",
+        "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or baseline)",
+        "",
+        _expect_not_empty,
     ),
     CrossFieldRule(
         "expect.baseline",

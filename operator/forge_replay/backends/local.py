@@ -168,4 +168,25 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")
-    return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
+    if status != "SUCCEEDED":
+        return EXIT_FAILED
+    return _verdict_exit(file, results_dir, spec, err)
+
+
+def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], None]) -> int:
+    """0, or 3 (``run``'s status for an unmet spec.expect) when the publish step's verdict failed or is missing."""
+    from forge_replay.backends.publish import unmet
+    from forge_replay.runtime.cli import EXIT_EXPECTATIONS, EXIT_OK
+
+    if spec.expect is None:
+        return EXIT_OK
+    try:
+        document = json.loads(Path(results_dir, "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        err(f"forge-replay run {file}: spec.expect not checked: no readable report.json in {results_dir} ({exc})")
+        return EXIT_EXPECTATIONS
+    why = unmet(document) if document.get("expectations") is not None else "the run recorded no verdict"
+    if why:
+        err(f"forge-replay run {file}: {why}")
+        return EXIT_EXPECTATIONS
+    return EXIT_OK
