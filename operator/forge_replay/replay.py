@@ -104,13 +104,24 @@ class EvalResult:
         return [Sample.Status(s.status) is Sample.Status.TRUNCATED for s in self.samples]
 
 
-def eval_before_train_id(start_rollout_id: int, eval_interval: int, eval_before_train: bool) -> int | None:
-    """The eval replayed before the first training step (0: it reads ``eval_0``), or None.
+def eval_before_train_id(start_rollout_id: int, eval_interval: int, eval_before_train: bool,
+                         backend: str = "builtin") -> int | None:
+    """The eval replayed before the first training step (its id N: it reads ``eval_N``), or None.
 
-    slime's train.py evaluates before training when eval is on (an eval interval), the run's rollout is 0 and
-    --skip-eval-before-train is not given; a run that starts at a later rollout does not (miles: at
-    ``start_rollout_id``). forge-replay asks for it with ``spec.replay.evalBeforeTrain``."""
-    return 0 if eval_before_train and eval_interval > 0 and start_rollout_id == 0 else None
+    slime's train.py evaluates before training when eval is on (an eval interval), the loop's rollout is 0 and
+    --skip-eval-before-train is not given, so a run that starts at a later rollout does not; miles' train.py
+    evaluates before the run's first step, at ``start_rollout_id`` (rule eval-before-train of
+    backends/upstream_rules.json). The builtin trainer does as slime does. forge-replay asks for it with
+    ``spec.replay.evalBeforeTrain``."""
+    if not eval_before_train or eval_interval <= 0:
+        return None
+    if backend != "builtin":
+        from forge_replay.backends.rules import upstream_rule
+
+        rule = upstream_rule(backend, "eval-before-train")
+        if rule is not None and rule["at"] == "start-rollout-id":
+            return start_rollout_id
+    return 0 if start_rollout_id == 0 else None
 
 
 def eval_note(mode: str, eval_interval: int, eval_ids: list[int], before_train: int | None) -> str:

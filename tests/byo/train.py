@@ -4,13 +4,19 @@ Follows, without their code:
 - THUDM/slime@624b824a ``train.py``: ``for rollout_id in range(args.start_rollout_id, args.num_rollout)`` asks
   the rollout function for rollout_id's data and trains on it; eval when ``(rollout_id + 1) % eval_interval == 0``
   (``should_run_periodic_action``). slime's parser ignores flags it does not declare (``parse_known_args``).
+- What both frameworks' code does beyond that, as forge-replay's rules data says (``upstream_rules.json``, each
+  rule citing its upstream lines): no eval at all with ``--debug-train-only`` (debug-skips-eval), eval before
+  training unless ``--skip-eval-before-train`` at rollout 0 (slime) or at ``--start-rollout-id`` (miles)
+  (eval-before-train); ``--eval-interval`` without eval datasets fails (eval-needs-datasets); the flags their
+  parsers require (the flag table's ``required`` rows) are required here.
 - radixark/miles@31f1ca96 ``miles/utils/arguments.py`` (``add_user_provided_function_arguments``): the rollout
   function named by ``--rollout-function-path`` is loaded and its ``add_arguments(parser)`` called before a strict
   parse: an unknown flag is an error.
 
 The parser holds a strict subset of the backend's options, read from forge-replay's flag table of that backend
 (``forge_replay/backends/<backend>_flags.json``, itself read from upstream's arguments.py): the options forge-replay
-injects, plus ``--stand-in-backend`` and ``--stand-in-report`` of this stand-in. It calls the rollout function with
+injects and those the parser requires, plus ``--stand-in-backend`` and ``--stand-in-report`` of this stand-in. It
+calls the rollout function with
 a namespace of the parsed args, as slime's RolloutManager does, and reports what it got: one JSON line per call on
 stdout, and the whole report in --stand-in-report FILE.
 """
@@ -22,7 +28,8 @@ import importlib
 import json
 import sys
 
-from forge_replay.backends import BACKEND_INJECTED, flag_table
+from forge_replay.backends import BACKEND_INJECTED, INJECTED_UNLESS_GIVEN, flag_table, required_flags
+from forge_replay.backends.rules import upstream_rule
 
 TYPES = {"int": int, "str": str, "float": float}
 
@@ -36,7 +43,9 @@ def parser_for(backend: str) -> argparse.ArgumentParser:
                         help="train each rollout in a Ray task that holds a torch tensor of this many MiB, as slime's "
                         "actors train in Ray workers (where forge-replay's memory probe runs)")
     table = flag_table(backend)
-    for flag in BACKEND_INJECTED[backend]:
+    eval_data = upstream_rule(backend, "eval-needs-datasets")["flags"]
+    declared = [*BACKEND_INJECTED[backend], *INJECTED_UNLESS_GIVEN, *required_flags(backend), *eval_data]
+    for flag in dict.fromkeys(declared):
         row = table.options.get(flag)
         if row is None:  # miles: --load-forge-rollout-data comes from the rollout function's add_arguments
             continue
@@ -49,6 +58,8 @@ def parser_for(backend: str) -> argparse.ArgumentParser:
             kwargs["nargs"] = row["nargs"]
         if "choices" in row:
             kwargs["choices"] = row["choices"]
+        if row.get("required"):
+            kwargs["required"] = True
         parser.add_argument(flag, **kwargs)
     return parser
 
@@ -102,21 +113,34 @@ def train_in_worker(mib: int, rollout_id: int) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.eval_interval is not None and not (args.eval_prompt_data or args.eval_config):
+        raise AssertionError("Evaluation datasets must be configured when eval_interval is set.")  # as both do
     report = {"backend": args.stand_in_backend,
               "args": {k: v for k, v in vars(args).items() if not k.startswith("stand_in_")},
               "train": [], "eval": []}
     train_fn = load_function(args.rollout_function_path)
     eval_fn = load_function(args.eval_function_path) if getattr(args, "eval_function_path", None) else None
+    backend = args.stand_in_backend
+    if getattr(args, "debug_train_only", False) and upstream_rule(backend, "debug-skips-eval") is not None:
+        eval_fn = None  # the rollout manager's eval returns at once in debug mode
+    at_start = upstream_rule(backend, "eval-before-train")["at"] == "start-rollout-id"
+    before_train = args.start_rollout_id if at_start else 0
+
+    def evaluate(rollout_id: int) -> None:
+        got = {"rollout_id": rollout_id, **summary(eval_fn(args, rollout_id, None, evaluation=True))}
+        report["eval"].append(got)
+        print("stand-in eval " + json.dumps(got, sort_keys=True), flush=True)
+
     for rollout_id in range(args.start_rollout_id, args.num_rollout):
+        if eval_fn and args.eval_interval and rollout_id == before_train and not args.skip_eval_before_train:
+            evaluate(rollout_id)
         got = {"rollout_id": rollout_id, **summary(train_fn(args, rollout_id, None))}
         if args.stand_in_train_mib:
             got["trained_mib"] = train_in_worker(args.stand_in_train_mib, rollout_id)
         report["train"].append(got)
         print("stand-in train " + json.dumps(got, sort_keys=True), flush=True)
         if eval_fn and args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:
-            got = {"rollout_id": rollout_id, **summary(eval_fn(args, rollout_id, None, evaluation=True))}
-            report["eval"].append(got)
-            print("stand-in eval " + json.dumps(got, sort_keys=True), flush=True)
+            evaluate(rollout_id)
     if args.stand_in_report:
         with open(args.stand_in_report, "w", encoding="utf-8") as out:
             json.dump(report, out, sort_keys=True, default=str)

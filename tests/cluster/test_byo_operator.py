@@ -35,13 +35,13 @@ def test_rendered_byo_objects_pass_strict_server_side_validation(control_plane, 
 
 def test_operator_launches_the_team_script(control_plane, operator, api, namespace) -> None:  # noqa: F811
     trainer = {"backend": "miles", "image": "registry.example.com/team/miles:v1", "workingDir": "/root/miles",
-               "nodes": 1, "gpusPerNode": 1, "args": ["--seq-length", "4096"]}
+               "nodes": 1, "gpusPerNode": 1, "args": ["--seq-length", "4096", "--rollout-batch-size", "8"]}
     doc = job_doc("byo", namespace, trainer=trainer)
     apply(control_plane, doc)
     rayjob = wait_for("the RayJob", lambda: api.rayjob(namespace, "byo"))
     words, *after = shell_commands(rayjob["spec"]["entrypoint"])
     assert words[:5] == ["cd", "/root/miles", "&&", "python3", "train.py"]
-    assert words[5:] == ["--seq-length", "4096", *injected_argv(parse_job(doc).spec, DUMPS_MOUNT)]
+    assert words[5:] == [*trainer["args"], *injected_argv(parse_job(doc).spec, DUMPS_MOUNT)]
     assert after[1][:3] == ["python3", "-m", "forge_replay.backends.publish"]  # then the memory report
     cluster = rayjob["spec"]["rayClusterSpec"]
     [group] = cluster["workerGroupSpecs"]
@@ -56,7 +56,7 @@ def test_the_memory_report_reaches_the_status(control_plane, operator, api, name
     ServiceAccount, allowed to patch its progress ConfigMap only): the probe's peak lands in status.memory, each
     figure naming its source, and the rollouts count as trained."""
     trainer = {"backend": "miles", "image": "registry.example.com/team/miles:v1", "workingDir": "/root/miles",
-               "nodes": 1, "gpusPerNode": 1}
+               "nodes": 1, "gpusPerNode": 1, "args": ["--rollout-batch-size", "8"]}
     apply(control_plane, job_doc("byo-mem", namespace, trainer=trainer))
     wait_for("the RayJob", lambda: api.rayjob(namespace, "byo-mem"))
     write_probe_files(tmp_path / "probe")

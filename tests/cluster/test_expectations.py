@@ -56,7 +56,12 @@ def test_a_failed_expectation_fails_the_gate(control_plane, operator, api, names
 
     baseline = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "release-baseline",
                                                                       "namespace": namespace},
-                "data": {"report.json": json.dumps(REPORT)}}
+                "data": {"report.json": json.dumps({**REPORT, "partial": True, "error": "interrupted by SIGTERM"})}}
+    apply(control_plane, baseline, claims=False)  # issue 25: a killed run's report is no baseline, here either
+    status = wait_for("the unusable baseline named", lambda: "interrupted by SIGTERM" in (
+        s := api.status(namespace, "gate")).get("message", "") and s, timeout=120)
+    assert status["phase"] == "Pending" and api.rayjob(namespace, "gate") is None
+    baseline["data"] = {"report.json": json.dumps(REPORT)}
     apply(control_plane, baseline, claims=False)
     rayjob = wait_for("the RayJob once the baseline exists", lambda: api.rayjob(namespace, "gate"), timeout=120)
     head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]

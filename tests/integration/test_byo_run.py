@@ -19,13 +19,16 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     job = {
         "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "byo-miles"},
         "spec": {
-            "replay": {"mode": "debug", "numRollouts": 3, "startRolloutId": 1, "evalInterval": 2,
-                       "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt", "fallbackToFirst": False}},
+            "replay": {"mode": "forge", "numRollouts": 3, "startRolloutId": 1, "evalInterval": 3,
+                       "evalBeforeTrain": True, "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt", "fallbackToFirst": False}},
             "model": {"config": {"hidden_size": 8}},
             "trainer": {"backend": "miles", "image": "team/miles:v1", "workingDir": "/root/miles", "gpusPerNode": 0,
                         "args": ["--stand-in-backend", "miles", "--stand-in-report", str(report),
-                                 "--stand-in-train-mib", "96"],
+                                 "--stand-in-train-mib", "96", "--rollout-batch-size", "4",
+                                 "--eval-prompt-data", "aime", "/data/aime.jsonl"],
                         "env": {"FORGE_REPLAY_PROBE_INTERVAL_S": "0.1"}},
+            "rollout": {"numGpus": 1, "numGpusPerEngine": 1},
+            "expect": {"maxPeakMemoryGiB": 0.01},  # issue 25: checked against the probe's peak, which is over it
         },
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -34,15 +37,18 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
          str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 3, done.stdout + done.stderr  # the script succeeded; the memory budget did not hold
+    assert "first: maxPeakMemoryGiB: peak memory (GiB, RSS)" in done.stderr
     got = json.loads(report.read_text())
     # rollouts start..start+N (--num-rollout is an end bound), each from its own dump, samples keep their rollout_id
     assert [(r["rollout_id"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"]) for r in got["train"]] == [
         (1, [1], 0), (2, [2], 0), (3, [3], 0)]
     assert all(r["samples"] > 0 and r["trained_mib"] == 96 for r in got["train"])
-    assert [(e["rollout_id"], e["eval"]) for e in got["eval"]] == [(1, ["forge_eval"]), (3, ["forge_eval"])]
+    # miles evaluates before its first step at --start-rollout-id (eval_1; slime would not), then after rollout 2
+    assert [(e["rollout_id"], e["eval"]) for e in got["eval"]] == [(1, ["forge_eval"]), (2, ["forge_eval"])]
     args = got["args"]
-    assert (args["debug_train_only"], args["num_rollout"], args["start_rollout_id"]) == (True, 4, 1)
+    assert (args["debug_train_only"], args["num_rollout"], args["start_rollout_id"]) == (False, 4, 1)
+    assert args["rollout_global_dataset"] is False  # miles would load --prompt-data: forge-replay turns it off
     assert args["load_forge_rollout_data"] == str(tmp_path / "dumps" / "run" / "rollout_{rollout_id}.pt")
     assert args["forge_replay_fallback_to_first"] is False  # through generate_rollout.add_arguments, as miles does
     record = json.loads((tmp_path / "results" / "job.json").read_text())
@@ -55,5 +61,8 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     written = json.loads((tmp_path / "results" / "report.json").read_text())
     assert (written["backend"], written["exit_code"], written["job"]) == ("miles", 0, "byo-miles")
     assert written["summary"]["memory_peak"]["peak_rss_gib"] >= 96 / 1024
+    assert [(c["name"], c["passed"]) for c in written["expectations"]] == [("maxPeakMemoryGiB", False)]
+    assert written["expectations"][0]["observed"] == written["summary"]["memory_peak"]["peak_rss_gib"]
     progress = json.loads((tmp_path / "results" / "progress.json").read_text())
-    assert progress["result"]["phase"] == "Succeeded" and progress["completed"] == 3
+    assert progress["result"]["phase"] == "Failed" and progress["completed"] == 3  # what the operator reads
+    assert progress["result"]["expectations"][0]["name"] == "maxPeakMemoryGiB"

@@ -110,6 +110,7 @@ def test_sigkill_mid_run_leaves_a_partial_report_and_the_next_run_takes_the_dead
     left = report(results)
     assert left["partial"] is True and left["error"] is None
     assert 2 <= left["completed"] == len(left["rollouts"]) < left["planned"] == 400
+    assert left["summary"]["rollouts"] == left["completed"]  # the summary of the steps it holds (issue 25)
     assert (results / ".forge-replay.lock").exists()  # nothing could release it
 
     after = subprocess.run(argv(tmp_path, named_job(tmp_path, "next-run", rollouts=2), results),

@@ -34,6 +34,20 @@ def debug_job(**overrides: Any) -> dict[str, Any]:
     return _apply(doc, overrides)
 
 
+REQUIRED_ARGS = ["--rollout-batch-size", "32"]
+"""What slime's and miles' parsers require of the team's args (the flag tables' ``required`` rows)."""
+
+
+def byo_job(backend: str, mode: str = "forge", **overrides: Any) -> dict[str, Any]:
+    """A valid job of backend slime or miles: the team's image and folder, REQUIRED_ARGS after any args given
+    (``spec__trainer__args``), so the indices of those stay as written."""
+    args = overrides.pop("spec__trainer__args", [])
+    trainer = {"backend": backend, "nodes": 1, "gpusPerNode": 8, "image": f"registry.example.com/team/{backend}:v1",
+               "workingDir": f"/root/{backend}", "args": [*args, *REQUIRED_ARGS]}
+    make = forge_job if mode == "forge" else debug_job
+    return make(**{"spec__trainer": trainer, **overrides})
+
+
 def _apply(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Apply overrides given as dotted paths with '__' for '.', e.g. spec__rollout__numGpus=4.
     A value of DELETE removes the key."""

@@ -101,3 +101,28 @@ def test_publish_needs_nothing_but_the_standard_library(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "report.json").read_text())["summary"]["memory_peak"]["processes"] == 2
+
+
+@pytest.mark.parametrize("budget, phase", [(80.0, "Succeeded"), (64.0, "Failed")])
+def test_the_memory_budget_of_a_slime_or_miles_job_is_checked_on_the_probes_peak(tmp_path, budget, phase) -> None:
+    """Issue 25: spec.expect.maxPeakMemoryGiB of a foreign trainer is judged by the verdict's own check on the
+    probe's peak CUDA reserved (70.25 GiB here); the result the operator reads carries it."""
+    write_probe_files(tmp_path / "probe")
+    limits = publish.Limits(max_peak_memory_gib=budget)
+    assert publish.publish(str(tmp_path), "job", "slime", "train.py", 0, 4, None, None, limits) == []
+    written = json.loads((tmp_path / "report.json").read_text())
+    [check] = written["expectations"]
+    assert (check["name"], check["passed"], check["observed"]) == ("maxPeakMemoryGiB", phase == "Succeeded", 70.25)
+    report = ProgressReport.model_validate_json((tmp_path / PROGRESS_KEY).read_text())
+    assert (report.result.phase, report.completed) == (phase, 4)
+    assert [e.name for e in report.result.expectations] == ["maxPeakMemoryGiB"]
+    if phase == "Failed":
+        assert report.result.message.startswith("1 of 1 expectation(s) not met; first: maxPeakMemoryGiB")
+
+
+def test_the_entrypoint_passes_the_memory_budget_to_the_publish_step() -> None:
+    doc = yaml.safe_load((GOLDEN / "miles-debug.in.yaml").read_text())
+    assert "--max-peak-memory-gib" not in launch.entrypoint(parse_job(doc).spec, "/dumps", results_dir="/r")
+    doc["spec"]["expect"] = {"maxPeakMemoryGiB": 130}
+    assert "--max-peak-memory-gib 130.0 --exit-code" in launch.entrypoint(parse_job(doc).spec, "/dumps",
+                                                                        results_dir="/r")

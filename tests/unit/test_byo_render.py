@@ -150,7 +150,7 @@ def test_builtin_jobs_keep_our_runtime() -> None:
 def test_forge_replay_render_shows_the_entrypoint() -> None:
     result = CliRunner().invoke(render_command, [str(GOLDEN / "miles-debug.in.yaml")])
     assert result.exit_code == 0, result.output
-    assert "entrypoint: cd /root/miles && python3 train.py --actor-num-nodes 2" in result.output
+    assert "entrypoint: cd /root/miles && python3 train.py --rollout-batch-size 16 --actor-num-nodes" in result.output
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -5,16 +5,12 @@ from __future__ import annotations
 import pytest
 
 from forge_replay.api import SpecInvalid, parse_job
-from forge_replay.backends import BACKEND_INJECTED, flag_of, flag_table, injected_argv, worker_gpus, worker_nodes
-from tests.unit.spec_factory import DELETE, debug_job, forge_job
+from forge_replay.backends import (
+    BACKEND_INJECTED, INJECTED_UNLESS_GIVEN, flag_of, flag_table, injected_argv, worker_gpus, worker_nodes,
+)
+from tests.unit.spec_factory import DELETE, REQUIRED_ARGS, byo_job as byo, forge_job
 
 ROOT = "/mnt/dumps"
-TEAM = {"image": "registry.example.com/team/slime:v1", "workingDir": "/root/slime"}
-
-
-def byo(backend: str, mode: str = "forge", **overrides):
-    make = forge_job if mode == "forge" else debug_job
-    return make(**{"spec__trainer": {"backend": backend, "nodes": 1, "gpusPerNode": 8, **TEAM}, **overrides})
 
 
 def problems(doc) -> list[str]:
@@ -43,7 +39,7 @@ def pairs(items: list[str]) -> dict[str, str | None]:
 @pytest.mark.parametrize("backend", ["slime", "miles"])
 def test_defaults_of_a_byo_trainer(backend: str) -> None:
     trainer = parse_job(byo(backend)).spec.trainer
-    assert (trainer.script, trainer.args, trainer.env, trainer.clip_eps_high) == ("train.py", [], {}, None)
+    assert (trainer.script, trainer.args, trainer.env, trainer.clip_eps_high) == ("train.py", REQUIRED_ARGS, {}, None)
     assert parse_job(byo(backend)).spec.replay.loader == "forgeReplay"
 
 
@@ -130,7 +126,8 @@ def test_upstream_loader_needs_a_byo_backend() -> None:
 def test_miles_forge_has_no_upstream_loader() -> None:
     assert any(p.startswith("spec.replay.loader: miles has no forge_load")
                for p in problems(byo("miles", spec__replay__loader="upstream")))
-    assert parse_job(byo("miles", "debug", spec__replay__loader="upstream")).spec.replay.loader == "upstream"
+    ok = byo("miles", "debug", spec__replay__loader="upstream", spec__replay__dumps__fallbackToFirst=False)
+    assert parse_job(ok).spec.replay.loader == "upstream"
 
 
 def test_slime_fault_tolerance_train_alone_refused() -> None:
@@ -140,15 +137,19 @@ def test_slime_fault_tolerance_train_alone_refused() -> None:
     assert parse_job(ok).spec.fault_tolerance.components == ["train"]
 
 
-@pytest.mark.parametrize("backend,loader,refused", [
-    ("slime", "forgeReplay", True), ("slime", "upstream", True), ("miles", "forgeReplay", False),
+@pytest.mark.parametrize("backend,mode,loader,refused", [
+    ("slime", "debug", "forgeReplay", True), ("slime", "forge", "upstream", True),
+    ("miles", "debug", "forgeReplay", False),
+    ("slime", "debug", "upstream", False), ("miles", "debug", "upstream", False),  # no fallback is what they do
 ])
-def test_no_fallback_only_where_it_can_be_passed(backend: str, loader: str, refused: bool) -> None:
-    doc = byo(backend, "debug", spec__replay__loader=loader, spec__replay__dumps__fallbackToFirst=False)
+def test_no_fallback_only_where_it_can_be_passed(backend: str, mode: str, loader: str, refused: bool) -> None:
+    doc = byo(backend, mode, spec__replay__loader=loader, spec__replay__dumps__fallbackToFirst=False)
     if refused:
         assert any(p.startswith("spec.replay.dumps.fallbackToFirst") for p in problems(doc))
-    else:
+    elif loader == "forgeReplay":
         assert "--no-forge-replay-fallback-to-first" in argv(doc)
+    else:
+        assert parse_job(doc).spec.replay.dumps.fallback_to_first is False
 
 
 @pytest.mark.parametrize("rollout,path", [
@@ -203,7 +204,8 @@ def test_debug_row(backend: str) -> None:
     got = pairs(argv(byo(backend, "debug")))
     assert "--debug-train-only" in got and got["--rollout-function-path"] == "forge_replay.replay.generate_rollout"
     assert "--rollout-num-gpus" not in got  # nothing computes engine counts from empty rollout sizes
-    upstream = pairs(argv(byo(backend, "debug", spec__replay__loader="upstream")))
+    upstream = pairs(argv(byo(backend, "debug", spec__replay__loader="upstream",
+                              spec__replay__dumps__fallbackToFirst=False)))
     assert upstream["--load-debug-rollout-data"] == f"{ROOT}/run-42/rollout_{{rollout_id}}.pt"
     assert "--rollout-function-path" not in upstream and "--load-forge-rollout-data" not in upstream
 
@@ -214,9 +216,12 @@ def test_rollout_range_row(backend: str) -> None:
     assert (got["--start-rollout-id"], got["--num-rollout"]) == ("5", "8")  # an end bound, as slime's loop reads it
 
 
+EVAL_DATA = ["--eval-prompt-data", "aime", "/data/aime.jsonl"]  # slime and miles refuse --eval-interval without
+
+
 def test_eval_and_reward_keys_row() -> None:
     got = pairs(argv(byo("slime", spec__replay__evalInterval=2, spec__replay__rewardKey="acc",
-                         spec__replay__evalRewardKey="pass")))
+                         spec__replay__evalRewardKey="pass", spec__trainer__args=EVAL_DATA)))
     assert (got["--eval-interval"], got["--reward-key"], got["--eval-reward-key"]) == ("2", "acc", "pass")
     plain = pairs(argv(byo("slime")))
     assert not {"--eval-interval", "--reward-key", "--eval-reward-key"} & set(plain)
@@ -224,9 +229,10 @@ def test_eval_and_reward_keys_row() -> None:
 
 def test_eval_before_train_only_when_asked() -> None:
     """slime's and miles' train.py evaluate before training whenever eval is on, unless --skip-eval-before-train."""
-    assert "--skip-eval-before-train" in argv(byo("slime", spec__replay__evalInterval=2))
-    assert "--skip-eval-before-train" not in argv(byo("miles", spec__replay__evalInterval=2,
-                                                      spec__replay__evalBeforeTrain=True))
+    skipped = byo("slime", spec__replay__evalInterval=2, spec__trainer__args=EVAL_DATA)
+    assert "--skip-eval-before-train" in argv(skipped)
+    asked = byo("miles", spec__replay__evalInterval=2, spec__trainer__args=EVAL_DATA, spec__replay__evalBeforeTrain=True)
+    assert "--skip-eval-before-train" not in argv(asked)
     assert "--skip-eval-before-train" not in argv(byo("slime"))  # no eval at all
 
 
@@ -242,11 +248,12 @@ def test_fault_tolerance_row() -> None:
 @pytest.mark.parametrize("backend", ["slime", "miles"])
 @pytest.mark.parametrize("mode", ["forge", "debug"])
 def test_every_injected_flag_is_owned_and_declared(backend: str, mode: str) -> None:
-    extra = {"spec__replay__evalInterval": 2, "spec__replay__rewardKey": "r", "spec__replay__evalRewardKey": "e"}
-    if mode == "forge":
-        extra["spec__faultTolerance"] = {"enabled": True}
+    extra = {"spec__replay__rewardKey": "r", "spec__replay__evalRewardKey": "e"}
+    if mode == "forge":  # slime and miles never evaluate in debug mode
+        extra.update(spec__faultTolerance={"enabled": True}, spec__replay__evalInterval=2,
+                     spec__trainer__args=EVAL_DATA)
     flags = [item for item in argv(byo(backend, mode, **extra)) if item.startswith("--")]
-    assert set(flags) <= set(BACKEND_INJECTED[backend])
+    assert set(flags) <= set(BACKEND_INJECTED[backend]) | set(INJECTED_UNLESS_GIVEN)
     table = flag_table(backend)
     assert [f for f in flags if not table.has(f) and f != "--load-forge-rollout-data"] == []
 
@@ -268,9 +275,56 @@ def test_validate_says_the_upstream_loader_unpickles(tmp_path) -> None:
     outputs = {}
     for loader in ("upstream", "forgeReplay"):
         path = tmp_path / f"{loader}.yaml"
-        path.write_text(yaml.safe_dump(byo("slime", "debug", spec__replay__loader=loader)))
+        path.write_text(yaml.safe_dump(byo("slime", "debug", spec__replay__loader=loader,
+                                           spec__replay__dumps__fallbackToFirst=loader == "forgeReplay")))
         out = io.StringIO()
         assert validate_files([str(path)], out) == 0
         outputs[loader] = out.getvalue()
     assert "torch.load(weights_only=False)" in outputs["upstream"]
     assert "note:" not in outputs["forgeReplay"]
+
+
+# ------------------------------------------------------------------------ refused before launch (issue 26)
+
+
+@pytest.mark.parametrize("key,why", [
+    ("", "is not an environment variable name"), ("PATH=x", "is not an environment variable name"),
+    ("1BAD", "is not an environment variable name"), ("RAY_ADDRESS", "cannot be set"),
+    ("FORGE_REPLAY_PROBE_DIR", "cannot be set"),
+])
+def test_env_names_and_the_jobs_own_variables_refused(key: str, why: str) -> None:
+    found = problems(byo("slime", spec__trainer__env={key: "x", "NCCL_DEBUG": "INFO"}))
+    assert len(found) == 1 and found[0].startswith("spec.trainer.env") and why in found[0], found
+
+
+def test_pythonpath_is_merged_not_refused() -> None:
+    from forge_replay.backends.launch import FORGE_LIB_MOUNT, env_vars
+
+    spec = parse_job(byo("miles", spec__trainer__env={"PYTHONPATH": "/opt/team"})).spec
+    assert env_vars(spec)["PYTHONPATH"] == f"/opt/team:{FORGE_LIB_MOUNT}"  # replaces Megatron's, ours appended
+
+
+@pytest.mark.parametrize("field,value", [
+    ("spec__trainer__image", "UPPER CASE image with spaces"), ("spec__trainer__image", "registry.example.com/Team/x"),
+    ("spec__image", "runtime image:latest"),
+])
+def test_image_must_be_an_image_reference(field: str, value: str) -> None:
+    path = "spec.trainer.image" if "trainer" in field else "spec.image"
+    found = problems(byo("slime", **{field: value}))
+    assert any(p.startswith(f"{path}: {value!r} is not an image reference") for p in found), found
+
+
+@pytest.mark.parametrize("image", [
+    "registry.example.com:5000/ml-platform/slime:2026.11", "slime", "ghcr.io/org/miles@sha256:" + "ab" * 32,
+])
+def test_image_references_accepted(image: str) -> None:
+    assert parse_job(byo("miles", spec__trainer__image=image)).spec.trainer.image == image
+
+
+@pytest.mark.parametrize("field,value,path", [
+    ("script", "../train.py", "spec.trainer.script"), ("script", "/root/slime/train.py", "spec.trainer.script"),
+    ("script", "tools/../../x.py", "spec.trainer.script"), ("workingDir", "/root/../etc", "spec.trainer.workingDir"),
+])
+def test_script_and_working_dir_stay_in_place(field: str, value: str, path: str) -> None:
+    assert any(p.startswith(f"{path}: ") for p in problems(byo("slime", **{f"spec__trainer__{field}": value})))
+    assert parse_job(byo("slime", spec__trainer__script="tools/train_async.py")).spec.trainer.script

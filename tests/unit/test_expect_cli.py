@@ -11,13 +11,16 @@ from click.testing import CliRunner
 from forge_replay.cli import main
 
 ENV = {"seed": 7, "torch": "2.9.0", "transformers": "4.57.0", "forge_replay": "0.1.0", "device": "cpu",
-       "world_size": 1, "deterministic": {"use_deterministic_algorithms": True, "warn_only": True}}
+       "world_size": 1, "deterministic": {"use_deterministic_algorithms": True, "warn_only": True},
+       "threads": {"torch_intra_op": 2, "torch_inter_op": 2, "OMP_NUM_THREADS": None, "MKL_NUM_THREADS": None}}
+IDENTITY = {"job": "release", "mode": "debug", "dumps_path": "r/rollout_{rollout_id}.pt",
+            "model": {"config_sha256": "ab" * 32}, "trainer": {"learning_rate": 1e-6, "seed": 7}}
 
 
 def report(losses, grad_norms=None, **top):
     grad_norms = grad_norms or [1.0] * len(losses)
-    doc = {"job": "release", "started_at": "2026-11-30T22:00:00Z", "partial": False, "completed": len(losses),
-           "planned": len(losses), "error": None, "environment": ENV,
+    doc = {"job": "release", "mode": "debug", "started_at": "2026-11-30T22:00:00Z", "partial": False,
+           "completed": len(losses), "planned": len(losses), "error": None, "environment": ENV, "identity": IDENTITY,
            "rollouts": [{"rollout_id": i, "loss": x, "grad_norm": g}
                         for i, (x, g) in enumerate(zip(losses, grad_norms))]}
     doc.update(top)
@@ -67,7 +70,7 @@ def test_compare_warns_on_another_environment_and_a_missing_rollout_fails(tmp_pa
 
 @pytest.mark.parametrize("args, fragment", [
     (["--metrics", "los"], "not a per-rollout metric"),
-    (["--rtol", "-1"], "must not be negative"),
+    (["--rtol", "-1"], "--rtol -1.0: Input should be greater than or equal to 0"),
 ])
 def test_compare_refuses_bad_options(tmp_path, args, fragment):
     a = write(tmp_path, "a.json", report([0.5]))
@@ -82,15 +85,19 @@ def test_compare_an_unreadable_report_exits_2(tmp_path):
     assert invoke("compare", a, str(tmp_path / "absent.json")).exit_code == 2
 
 
-def test_baseline_prints_a_configmap_holding_the_report_verbatim(tmp_path):
+def test_baseline_prints_a_configmap_that_compares_as_the_report_does(tmp_path):
     a = write(tmp_path, "a.json", report([0.5, 0.25]))
     result = invoke("baseline", a, "--name", "release-1-3-baseline", "--namespace", "ml")
     assert result.exit_code == 0, result.output
     cm = yaml.safe_load(result.output)
     assert (cm["kind"], cm["metadata"]["name"], cm["metadata"]["namespace"]) == ("ConfigMap", "release-1-3-baseline",
                                                                                  "ml")
-    assert cm["data"]["report.json"] == (tmp_path / "a.json").read_text()
     assert "report.json: |" in result.output  # a readable block in Git, not one escaped line
+    b = tmp_path / "b.json"
+    b.write_text(cm["data"]["report.json"])
+    same = invoke("compare", a, str(b), "--rtol", "0", "--atol", "0")
+    assert same.exit_code == 0 and "warning" not in same.output, same.output
+    assert json.loads(b.read_text())["identity"] == IDENTITY and json.loads(b.read_text())["environment"] == ENV
 
 
 @pytest.mark.parametrize("doc, name, fragment", [
@@ -99,7 +106,7 @@ def test_baseline_prints_a_configmap_holding_the_report_verbatim(tmp_path):
     (report([0.5], stopped_early="peak memory over"), "b", "peak memory over"),
     (report([]), "b", "no rollout was trained"),
     (report([0.5]), "Bad_Name", "DNS-1123"),
-    (report([0.5], padding="x" * (1024 * 1024)), "b", "more than a ConfigMap holds"),
+    (report([0.123456789 + i * 1e-12 for i in range(60000)]), "b", "more than a ConfigMap holds"),
 ])
 def test_baseline_refuses(tmp_path, doc, name, fragment):
     result = invoke("baseline", write(tmp_path, "r.json", doc), "--name", name)

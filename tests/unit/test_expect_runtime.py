@@ -8,9 +8,10 @@ import json
 import pytest
 
 from forge_replay.api import parse_job
-from forge_replay.expect import ENVIRONMENT_KEYS
+from forge_replay.runtime.environment import environment, make_deterministic
 from forge_replay.runtime.report import RunReport
-from forge_replay.runtime.verdict import baseline_problem, environment, make_deterministic, render_verdict, unmet
+from forge_replay.verdict.identity import ENVIRONMENT_KEYS
+from forge_replay.verdict.run import baseline_problem, render_verdict, unmet
 from tests.unit.spec_factory import debug_job
 
 
@@ -33,7 +34,7 @@ def test_debug_mode_turns_torchs_deterministic_settings_on_and_says_so(restore_d
 
 
 def test_the_environment_holds_what_compare_checks():
-    env = environment(7, "cpu", 2, {"use_deterministic_algorithms": True})
+    env = environment(7, "cpu", 2, {"use_deterministic_algorithms": True}, {"torch_intra_op": 2})
     assert tuple(env) == ENVIRONMENT_KEYS
     assert (env["seed"], env["device"], env["world_size"]) == (7, "cpu", 2) and env["torch"]
 
@@ -47,7 +48,7 @@ BASELINE = {"baseline": {"configMapName": "release-baseline"}}
 
 def test_a_baseline_is_checked_before_ray(tmp_path):
     good = tmp_path / "report.json"
-    good.write_text(json.dumps({"rollouts": [{"rollout_id": 0, "loss": 0.5}]}))
+    good.write_text(json.dumps({"job": "j", "partial": False, "rollouts": [{"rollout_id": 0, "loss": 0.5}]}))
     assert baseline_problem(None, spec()) is None
     assert baseline_problem(str(good), spec(BASELINE)) is None
     assert "no spec.expect.baseline" in baseline_problem(str(good), spec())

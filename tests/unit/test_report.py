@@ -185,3 +185,45 @@ def test_vlm_samples_trained_as_text_are_counted_and_said():
     console = Console(record=True, width=120)
     console.print(render_table(report))
     assert "multimodal inputs ignored in 7 sample(s)" in console.export_text()
+
+
+def test_a_plot_that_cannot_be_written_is_a_warning_in_the_final_report(tmp_path):
+    """A full disk at memory.png (here: a folder in its way) leaves a final report that says so; the run does not
+    fail over it, so the exit status, the message and report.json agree (issue 25)."""
+    from forge_replay.runtime.driver import ReportSaver
+
+    (tmp_path / "memory.png").mkdir()
+    report = make_report()
+    report.partial, report.completed, report.planned = False, 3, 3
+    assert ReportSaver(str(tmp_path)).save_final(report) is None
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["partial"] is False and doc["files"]["plot"] is None
+    assert len(doc["warnings"]) == 1 and doc["warnings"][0].startswith("memory.png not written: ")
+
+
+def test_a_report_that_cannot_be_written_is_the_failure_it_says(tmp_path):
+    from forge_replay.runtime.driver import ReportSaver
+
+    (tmp_path / "report.json").mkdir()
+    report = make_report()
+    problem = ReportSaver(str(tmp_path)).save_final(report)
+    assert problem.startswith(f"cannot write the report to {tmp_path}")
+
+
+def test_a_report_on_disk_mid_run_summarizes_the_steps_it_holds(tmp_path):
+    """What SIGKILL leaves: the last report written after a step, whose summary covers its rollouts."""
+    from forge_replay.runtime.driver import ReportSaver
+
+    full = make_report()
+    report = RunReport(job="t", mode="debug", world_size=2, device="cpu", num_params=10, started_at="now",
+                       planned=3)
+    saver = ReportSaver(str(tmp_path))
+    saver.save(report)
+    for step, record in enumerate(full.rollouts[:2]):
+        report.rollouts.append(record)
+        report.completed = step + 1
+        saver.took = 0.0  # else the saver may skip a write that comes soon after the last one
+        saver.save(report, step_done=True)
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["partial"] is True and doc["completed"] == 2
+    assert doc["summary"]["rollouts"] == doc["completed"] and doc["summary"]["fallbacks"] == 1

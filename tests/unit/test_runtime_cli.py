@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -176,3 +177,19 @@ def test_synth_missing_into_an_unwritable_place_says_so_without_a_traceback(tmp_
     assert result.exit_code == 1, result.output
     assert f"--synth-missing cannot write dumps under {blocker / 'dumps'}: " in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_run_takes_a_gitops_file_with_one_job_and_other_kinds(tmp_path):
+    """Issue 25: a GitOps folder's file holds the job and its baseline ConfigMap; run skips the ConfigMap, as
+    validate does, and still refuses a file with no job or two."""
+    from forge_replay.runtime.cli import _Unusable, load_one_job
+
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"report.json": "{}"}}
+    path = tmp_path / "gate.yaml"
+    path.write_text(yaml.safe_dump_all([configmap, doc()]))
+    assert load_one_job(str(path)).spec.replay.mode == "debug"
+    for docs, fragment in (([configmap], "holds 0 ForgeReplayJob document(s) and 1 of other kinds"),
+                           ([doc(), doc()], "holds 2 ForgeReplayJob document(s)")):
+        path.write_text(yaml.safe_dump_all(docs))
+        with pytest.raises(_Unusable, match=re.escape(fragment)):
+            load_one_job(str(path))

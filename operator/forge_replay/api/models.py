@@ -26,7 +26,10 @@ from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
 from forge_replay.api.engine_args import engine_args_problems
-from forge_replay.backends import BACKEND_INJECTED, REFUSED_FLAGS, arg_problems
+from forge_replay.backends import (
+    BACKEND_INJECTED, BACKENDS, REFUSED_FLAGS, arg_problems, flag_table, missing_required, required_flags,
+)
+from forge_replay.backends.rules import sets_flag, upstream_rule
 from forge_replay.errors import Portable
 
 GROUP = "forgereplay.io"
@@ -44,6 +47,26 @@ DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 MAX_PATH_LENGTH = 4096
 MAX_ARGS = 512  # spec.trainer.args items: bounds the cost of the CRD's CEL rule over them
 MAX_ARG_LENGTH = 1024
+
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = (
+    rf"^(?:(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?/)?"
+    rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?$"
+)
+"""An image reference as the container runtime parses one (github.com/distribution/reference: [domain[:port]/]path
+[:tag][@digest], the path lowercase)."""
+
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""An environment variable name a shell and Ray's runtime env both take."""
+MAX_ENV = 128  # spec.trainer.env entries: bounds the cost of the CRD's CEL rule over them
+RESERVED_ENV = {
+    "RAY_ADDRESS": "the script reaches the job's own Ray cluster through it (KubeRay, or forge-replay run, sets it)",
+    "FORGE_REPLAY_PROBE_DIR": "the memory probe writes where forge-replay sets it (the results folder)",
+}
+"""spec.trainer.env keys the job's wiring owns."""
 
 FT_COMPONENTS = ("train", "rollout")
 INT32_MAX = 2**31 - 1  # Kubernetes int32 fields (e.g. RayJob.spec.ttlSecondsAfterFinished)
@@ -88,6 +111,16 @@ def label_value_problem(value: str) -> str | None:
 def _short(text: str) -> str:
     shown = repr(text)
     return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _checked_image(value: str) -> str:
+    """``value`` when it is empty or an image reference; SpecInvalid naming the field otherwise."""
+    import re
+
+    if value and not re.fullmatch(IMAGE_REFERENCE, value):
+        raise SpecInvalid([Problem("", f"{_short(value)} is not an image reference "
+                                   "([registry[:port]/]path[:tag][@digest], the path lowercase, no spaces)")])
+    return value
 
 
 def _check_labels(value: dict[str, str]) -> dict[str, str]:
@@ -209,15 +242,18 @@ class ReplaySpec(_Model):
         le=1_000_000,
         description=(
             "Evaluate after rollout N when (N + 1) % evalInterval == 0, as slime does, reading the eval_N dump "
-            "(no fallback): evalInterval 4 over rollouts 0-7 reads eval_3 and eval_7. 0 disables eval."
+            "(no fallback): evalInterval 4 over rollouts 0-7 reads eval_3 and eval_7. 0 disables eval. slime / "
+            "miles: forge mode only (they never evaluate in debug mode), and spec.trainer.args must configure an eval "
+            "dataset (--eval-prompt-data or --eval-config), which they require and the replay never reads."
         ),
     )
     eval_before_train: bool = Field(
         default=False,
         description=(
-            "Also evaluate before the first training step, reading the eval_0 dump, as slime does (on by default "
-            "there, --skip-eval-before-train turns it off): only with evalInterval > 0, and only when the run "
-            "starts at rollout 0 (startRolloutId 0); a run started later does not."
+            "Also evaluate before the first training step, as slime's and miles' train.py do (on by default "
+            "there, --skip-eval-before-train turns it off); only with evalInterval > 0. builtin and slime: only "
+            "when the run starts at rollout 0, reading eval_0 (a run started later does not); miles: before its "
+            "first step whatever it is, reading eval_<startRolloutId>."
         ),
     )
     verify: bool = Field(
@@ -281,18 +317,21 @@ class TrainerSpec(_Model):
     image: str = Field(
         default="",
         max_length=1024,
-        description="slime / miles: the team's image; every Ray pod (the submitter too) runs it. Required there.",
+        description="slime / miles: the team's image; every Ray pod (the submitter too) runs it. Required there. "
+        "An image reference: [registry[:port]/]path[:tag][@digest], the path lowercase.",
+        json_schema_extra={"pattern": f"^$|{IMAGE_REFERENCE}"},
     )
     working_dir: str = Field(
         default="",
         max_length=MAX_PATH_LENGTH,
-        description="slime / miles: absolute folder in the image the script runs in (e.g. /root/slime). Required there.",
+        description="slime / miles: absolute folder in the image the script runs in (e.g. /root/slime), without "
+        "'..'. Required there.",
     )
     script: str = Field(
         default="train.py",
         min_length=1,
         max_length=MAX_PATH_LENGTH,
-        description="slime / miles: the training script, relative to workingDir.",
+        description="slime / miles: the training script, relative to workingDir, without '..'.",
     )
     args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
         default_factory=list,
@@ -305,9 +344,13 @@ class TrainerSpec(_Model):
     )
     env: dict[str, str] = Field(
         default_factory=dict,
+        max_length=MAX_ENV,
         description=(
-            "slime / miles: environment variables merged into the Ray job's runtime env (env_vars), over "
-            "the defaults (PYTHONPATH with Megatron-LM, CUDA_DEVICE_MAX_CONNECTIONS=1)."
+            "slime / miles: environment variables merged into the Ray job's runtime env (env_vars), over the "
+            "defaults PYTHONPATH=/root/Megatron-LM/ and CUDA_DEVICE_MAX_CONNECTIONS=1. A PYTHONPATH here replaces "
+            "the default one (give /root/Megatron-LM/ again if the script needs it), and forge-replay's package "
+            "folder is always appended to it. Names are letters, digits and '_' (not starting with a digit); "
+            "RAY_ADDRESS and FORGE_REPLAY_PROBE_DIR are the job's own."
         ),
     )
     nodes: Int = Field(default=1, ge=1, le=4096, description="Trainer nodes (Ray worker pods).")
@@ -342,6 +385,11 @@ class TrainerSpec(_Model):
     memory_snapshot: bool = Field(
         default=False, description="On GPU, also write a torch CUDA memory snapshot per rank to the results."
     )
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        return _checked_image(value)
 
     @model_validator(mode="after")
     def _default_clip_eps_high(self) -> TrainerSpec:
@@ -598,6 +646,11 @@ class BaselineSpec(_Model):
     rtol: FiniteFloat = Field(default=1.0e-5, ge=0, description="Relative tolerance: |run - baseline| <= "
                               "atol + rtol * |baseline|.")
     atol: FiniteFloat = Field(default=1.0e-8, ge=0, description="Absolute tolerance (see rtol).")
+    allow_different: bool = Field(
+        default=False,
+        description="Compare with a baseline of another replay mode or model (report.json's identity): a warning "
+        "instead of the failed check baseline.identity.",
+    )
 
 
 class ExpectSpec(_Model):
@@ -783,10 +836,33 @@ def _model_path_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
     return []
 
 
-def _expect_needs_builtin(spec: ForgeReplayJobSpec) -> list[Problem]:
-    if spec.expect is not None and spec.trainer.backend != "builtin":
-        return [Problem("spec.expect", f"only the builtin trainer records the report the verdict reads; backend "
-                        f"{spec.trainer.backend} runs its own train.py, so nothing would check it: remove spec.expect")]
+FOREIGN_TRAINER_UNRECORDED = {
+    "maxFallbacks": "the fallbacks of its run go to its own metrics (forge_replay/fallbacks), not to forge-replay's "
+                    "report",
+    "minTokensPerSecond": "forge-replay does not time its training steps",
+    "baseline": "forge-replay does not record its per-rollout loss and grad norm",
+}
+"""What spec.expect may not ask of a slime / miles run (its own train.py), and why: forge-replay records only the
+memory probe's peak of such a run (backends/probe.py, backends/publish.py)."""
+
+
+def _expect_foreign_trainer(spec: ForgeReplayJobSpec) -> list[Problem]:
+    e, backend = spec.expect, spec.trainer.backend
+    if e is None or backend == "builtin":
+        return []
+    asked = {"maxFallbacks": e.max_fallbacks is not None, "minTokensPerSecond": e.min_tokens_per_second is not None,
+             "baseline": e.baseline is not None}
+    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB, from "
+                    "the memory probe, can be checked)")
+            for name, why in FOREIGN_TRAINER_UNRECORDED.items() if asked[name]]
+
+
+def _expect_not_empty(spec: ForgeReplayJobSpec) -> list[Problem]:
+    e = spec.expect
+    if e is not None and all(v is None for v in (e.max_peak_memory_gib, e.max_fallbacks, e.min_tokens_per_second,
+                                                 e.baseline)):
+        return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or "
+                        "baseline, or remove spec.expect (an empty gate would pass having checked nothing)")]
     return []
 
 
@@ -947,10 +1023,19 @@ CROSS_FIELD_RULES: list[CrossFieldRule] = [
     ),
     CrossFieldRule(
         "",
-        "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin'",
-        "spec.expect: only the builtin trainer records the report the verdict reads (backend slime or miles does not)",
+        "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' "
+        "|| (!has(self.expect.maxFallbacks) && !has(self.expect.minTokensPerSecond) && !has(self.expect.baseline))",
+        "spec.expect: backend slime or miles records only its memory peak: maxFallbacks, minTokensPerSecond and "
+        "baseline cannot be checked (maxPeakMemoryGiB can)",
         ".expect",
-        _expect_needs_builtin,
+        _expect_foreign_trainer,
+    ),
+    CrossFieldRule(
+        "expect",
+        "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline)",
+        "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or baseline)",
+        "",
+        _expect_not_empty,
     ),
     CrossFieldRule(
         "expect.baseline",
@@ -1082,13 +1167,59 @@ def _byo_fallback_passable(spec: ForgeReplayJobSpec) -> list[Problem]:
     backend, replay = spec.trainer.backend, spec.replay
     if backend == "builtin" or replay.dumps.fallback_to_first:
         return []
-    if replay.loader == "upstream":
-        why = "slime's own loaders always fall back to rollout 0's file"
-    elif backend == "slime":
+    forge_loader = upstream_rule(backend, "upstream-forge-loader")
+    if replay.loader == "upstream" and replay.mode == "forge" and forge_loader is not None:
+        why = f"slime's forge_load always falls back to rollout 0's file ({forge_loader.where})"
+    elif replay.loader == "forgeReplay" and backend == "slime":
         why = "slime drops flags it does not declare, so the loader cannot be told (use backend miles or builtin)"
     else:
         return []
     return [Problem("spec.replay.dumps.fallbackToFirst", f"false cannot be honoured: {why}")]
+
+
+def _upstream_debug_loader_has_no_fallback(spec: ForgeReplayJobSpec) -> list[Problem]:
+    backend, replay = spec.trainer.backend, spec.replay
+    if backend == "builtin" or replay.loader != "upstream" or replay.mode != "debug":
+        return []
+    rule = upstream_rule(backend, "upstream-debug-loader")
+    if rule is None or rule["falls_back"] or not replay.dumps.fallback_to_first or not is_template(replay.dumps.path):
+        return []
+    return [Problem("spec.replay.dumps.fallbackToFirst", f"true cannot be honoured: {backend}'s "
+                    f"--load-debug-rollout-data has no fallback, a missing rollout file fails the run ({rule.where}); "
+                    "set fallbackToFirst: false (verify then refuses a missing dump before launch), or use loader "
+                    "forgeReplay")]
+
+
+def _byo_required_flags(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.backend == "builtin":
+        return []
+    table = flag_table(t.backend)
+    return [Problem("spec.trainer.args", f"{flag} is required by {t.backend}'s parser ({table.file}:"
+                    f"{table.options[flag]['line']}, {table.repository}@{table.commit[:8]}), which exits 2 without it: "
+                    "give it in args, as the run that wrote the dumps did")
+            for flag in missing_required(t.backend, t.args)]
+
+
+def _byo_eval_in_debug(spec: ForgeReplayJobSpec) -> list[Problem]:
+    backend, replay = spec.trainer.backend, spec.replay
+    rule = upstream_rule(backend, "debug-skips-eval") if backend != "builtin" else None
+    if rule is None or replay.mode != "debug" or replay.eval_interval == 0:
+        return []
+    return [Problem("spec.replay.evalInterval", f"{backend} never evaluates in debug mode (--debug-train-only: "
+                    f"{rule.where}), so no eval dump would be read: set evalInterval: 0, or replay in forge mode")]
+
+
+def _byo_eval_needs_datasets(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t, replay = spec.trainer, spec.replay
+    rule = upstream_rule(t.backend, "eval-needs-datasets") if t.backend != "builtin" else None
+    if rule is None or replay.mode != "forge" or replay.eval_interval == 0:
+        return []
+    if any(sets_flag(t.args, flag) for flag in rule["flags"]):
+        return []
+    return [Problem("spec.replay.evalInterval", f"{t.backend} refuses --eval-interval unless eval datasets are "
+                    f"configured ({rule.where}): give {' or '.join(rule['flags'])} in spec.trainer.args (an eval "
+                    "dataset the replay never reads: eval replays the eval_N dumps), or set evalInterval: 0")]
 
 
 def _slime_ft_has_no_components(spec: ForgeReplayJobSpec) -> list[Problem]:
@@ -1120,6 +1251,34 @@ def _byo_args_allowed(spec: ForgeReplayJobSpec) -> list[Problem]:
     return [Problem(f"spec.trainer.args[{i}]", message) for i, message in arg_problems(t.backend, t.args)]
 
 
+def _byo_env_names(spec: ForgeReplayJobSpec) -> list[Problem]:
+    import re
+
+    problems = []
+    for key in spec.trainer.env:
+        path = f"spec.trainer.env.{key}" if key else "spec.trainer.env"
+        if not re.fullmatch(ENV_NAME, key):
+            problems.append(Problem(path, f"{_short(key)} is not an environment variable name (letters, digits and "
+                                    "'_', not starting with a digit)"))
+        elif key in RESERVED_ENV:
+            problems.append(Problem(path, f"cannot be set: {RESERVED_ENV[key]}"))
+    return problems
+
+
+def _byo_script_relative(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if t.script.startswith("/") or ".." in t.script.split("/"):
+        return [Problem("spec.trainer.script", f"must be relative to workingDir, without '..' ({t.script!r})")]
+    return []
+
+
+def _byo_working_dir_plain(spec: ForgeReplayJobSpec) -> list[Problem]:
+    t = spec.trainer
+    if ".." in t.working_dir.split("/"):
+        return [Problem("spec.trainer.workingDir", f"must not contain '..' ({t.working_dir!r})")]
+    return []
+
+
 def _cel_literal(value: Any) -> str:
     return json.dumps(value)
 
@@ -1132,6 +1291,54 @@ def _cel_sets_flag(flags: tuple[str, ...]) -> str:
 
 _CEL_BUILTIN = "!has(self.backend) || self.backend == 'builtin'"
 _CEL_BYO = "has(self.backend) && self.backend != 'builtin'"
+
+
+
+def _cel_backend_in(backends: list[str]) -> str:
+    """CEL at spec: the trainer's backend is one of ``backends`` (false when the list is empty)."""
+    if not backends:
+        return "false"
+    return f"(has(self.trainer) && has(self.trainer.backend) && self.trainer.backend in {_cel_literal(backends)})"
+
+
+def _cel_args_set(flag: str, args: str = "self.args") -> str:
+    """CEL: an item of ``args`` sets ``flag``."""
+    return f"{args}.exists(a, a == {_cel_literal(flag)} || a.startsWith({_cel_literal(flag + '=')}))"
+
+
+def _backends_with(rule_id: str, **facts: Any) -> list[str]:
+    """The backends whose upstream rule ``rule_id`` exists (and has the given ``facts``)."""
+    return [b for b in BACKENDS if (r := upstream_rule(b, rule_id)) is not None
+            and all(r[k] == v for k, v in facts.items())]
+
+
+def _rule_facts(backend: str, rule_id: str, key: str) -> Any:
+    rule = upstream_rule(backend, rule_id)
+    assert rule is not None, (backend, rule_id)
+    return rule[key]
+
+
+def _cel_required_flags() -> str:
+    per_backend = [
+        f"(self.backend != {_cel_literal(b)} || (has(self.args) && "
+        + " && ".join(_cel_args_set(flag) for flag in required_flags(b)) + "))"
+        for b in BACKENDS if required_flags(b)
+    ]
+    return f"({_CEL_BUILTIN}) || (" + " && ".join(per_backend or ["true"]) + ")"
+
+
+def _cel_eval_datasets() -> str:
+    per_backend = [
+        f"self.trainer.backend != {_cel_literal(b)} || (has(self.trainer.args) && ("
+        + " || ".join(_cel_args_set(flag, "self.trainer.args")
+                      for flag in _rule_facts(b, "eval-needs-datasets", "flags"))
+        + "))"
+        for b in _backends_with("eval-needs-datasets")
+    ]
+    return (f"!{_cel_backend_in(_backends_with('eval-needs-datasets'))} || self.replay.mode != 'forge' || "
+            "!has(self.replay.evalInterval) || self.replay.evalInterval == 0 || ("
+            + " && ".join(f"({c})" for c in per_backend) + ")")
+
 
 _SLIME_OWNED = (*BACKEND_INJECTED["slime"], *REFUSED_FLAGS["slime"])
 _MILES_ONLY = tuple(f for f in (*BACKEND_INJECTED["miles"], *REFUSED_FLAGS["miles"]) if f not in _SLIME_OWNED)
@@ -1176,6 +1383,28 @@ CROSS_FIELD_RULES += [
         _builtin_fields_refused,
     ),
     CrossFieldRule(
+        "trainer.env",
+        f"self.all(k, k.matches({_cel_literal(ENV_NAME)}) && !(k in {_cel_literal(sorted(RESERVED_ENV))}))",
+        "spec.trainer.env: names are letters, digits and '_' (not starting with a digit), and RAY_ADDRESS and "
+        "FORGE_REPLAY_PROBE_DIR are the job's own",
+        "",
+        _byo_env_names,
+    ),
+    CrossFieldRule(
+        "trainer",
+        "!has(self.script) || (!self.script.startsWith('/') && !self.script.matches('(^|/)\\\\.\\\\.(/|$)'))",
+        "spec.trainer.script: must be relative to workingDir, without '..'",
+        ".script",
+        _byo_script_relative,
+    ),
+    CrossFieldRule(
+        "trainer",
+        "!has(self.workingDir) || !self.workingDir.matches('(^|/)\\\\.\\\\.(/|$)')",
+        "spec.trainer.workingDir: must not contain '..'",
+        ".workingDir",
+        _byo_working_dir_plain,
+    ),
+    CrossFieldRule(
         "trainer",
         f"({_CEL_BUILTIN}) || (has(self.image) && self.image != '' && has(self.workingDir) && "
         "self.workingDir.startsWith('/'))",
@@ -1203,11 +1432,50 @@ CROSS_FIELD_RULES += [
         "",
         "!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' || "
         "!has(self.replay.dumps.fallbackToFirst) || self.replay.dumps.fallbackToFirst || "
+        "(has(self.replay.loader) && self.replay.loader == 'upstream' && self.replay.mode == 'debug') || "
         "(self.trainer.backend == 'miles' && (!has(self.replay.loader) || self.replay.loader == 'forgeReplay'))",
-        "spec.replay.dumps.fallbackToFirst: false can be honoured only by backend miles with loader forgeReplay "
-        "(slime's loaders always fall back; slime drops flags it does not declare)",
+        "spec.replay.dumps.fallbackToFirst: false can be honoured only by backend miles with loader forgeReplay, "
+        "or by loader upstream in debug mode (slime's forge_load always falls back; slime drops flags it does not "
+        "declare)",
         ".replay.dumps.fallbackToFirst",
         _byo_fallback_passable,
+    ),
+    CrossFieldRule(
+        "",
+        f"!{_cel_backend_in(_backends_with('upstream-debug-loader', falls_back=False))} || "
+        "!has(self.replay.loader) || self.replay.loader != 'upstream' || self.replay.mode != 'debug' || "
+        "(has(self.replay.dumps.fallbackToFirst) && !self.replay.dumps.fallbackToFirst) || "
+        f"!self.replay.dumps.path.matches('{_CEL_IS_TEMPLATE}')",
+        "spec.replay.dumps.fallbackToFirst: true cannot be honoured: --load-debug-rollout-data (loader upstream in "
+        "debug mode) has no fallback; set fallbackToFirst: false or use loader forgeReplay",
+        ".replay.dumps.fallbackToFirst",
+        _upstream_debug_loader_has_no_fallback,
+    ),
+    CrossFieldRule(
+        "trainer",
+        _cel_required_flags(),
+        "spec.trainer.args: a flag the backend's parser requires is missing ("
+        + "; ".join(f"{b} requires {', '.join(required_flags(b))}" for b in BACKENDS if required_flags(b))
+        + "): the parser exits 2 without it",
+        ".args",
+        _byo_required_flags,
+    ),
+    CrossFieldRule(
+        "",
+        f"!{_cel_backend_in(_backends_with('debug-skips-eval'))} || self.replay.mode != 'debug' || "
+        "!has(self.replay.evalInterval) || self.replay.evalInterval == 0",
+        "spec.replay.evalInterval: slime and miles never evaluate in debug mode (--debug-train-only): set "
+        "evalInterval: 0, or replay in forge mode",
+        ".replay.evalInterval",
+        _byo_eval_in_debug,
+    ),
+    CrossFieldRule(
+        "",
+        _cel_eval_datasets(),
+        "spec.replay.evalInterval: slime and miles refuse --eval-interval unless spec.trainer.args configure eval "
+        "datasets (--eval-prompt-data or --eval-config), which the replay never reads",
+        ".replay.evalInterval",
+        _byo_eval_needs_datasets,
     ),
     CrossFieldRule(
         "",
@@ -1248,7 +1516,13 @@ class ForgeReplayJobSpec(_Model):
     fault_tolerance: FaultToleranceSpec = Field(
         default_factory=FaultToleranceSpec, description="Fault tolerance and its components (train, rollout)."
     )
-    image: str = Field(default="", max_length=1024, description="Runtime image; the operator's default when empty.")
+    image: str = Field(
+        default="",
+        max_length=1024,
+        description="Runtime image; the operator's default when empty. An image reference: "
+        "[registry[:port]/]path[:tag][@digest], the path lowercase.",
+        json_schema_extra={"pattern": f"^$|{IMAGE_REFERENCE}"},
+    )
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Placement of the GPU pods.")
     pod: PodSettings = Field(
         default_factory=PodSettings, description="Pull secrets, env, annotations, labels and extra resources of every pod."
@@ -1274,6 +1548,11 @@ class ForgeReplayJobSpec(_Model):
         description="Release-validation verdict: memory budget, fallbacks, throughput and a baseline report to "
         "reproduce (status.expectations, condition ExpectationsMet).",
     )
+
+    @field_validator("image")
+    @classmethod
+    def _image_reference(cls, value: str) -> str:
+        return _checked_image(value)
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> ForgeReplayJobSpec:

@@ -2,7 +2,8 @@
 
 Pure functions over a validated spec; nothing here imports pydantic, Ray or the framework. The flag tables
 (``slime_flags.json``, ``miles_flags.json``) are written by ``scripts/backend-flags`` from the upstream
-``arguments.py`` at the commit each file records; a test checks every flag injected here is in its table.
+``arguments.py`` at the commit each file records; a test checks every flag injected here is in its table. What
+their code refuses, skips or falls back on beyond the flag tables is in ``upstream_rules.json`` (``rules.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ INJECTED_FLAGS = (
 """Every flag the operator may inject for either backend (``--ft-components`` too, for miles)."""
 
 BACKEND_INJECTED = {"slime": INJECTED_FLAGS, "miles": (*INJECTED_FLAGS, "--ft-components", *FALLBACK_FLAGS)}
+
+INJECTED_UNLESS_GIVEN = ("--disable-rollout-global-dataset",)
+"""Flags injected unless the team's args decide (rule global-dataset of upstream_rules.json): not refused in args."""
 
 REFUSED_FLAGS = {
     "slime": ("--num-epoch", "--dump-details", "--save-debug-rollout-data"),
@@ -80,6 +84,19 @@ def flag_table(backend: str) -> FlagTable:
         raise ValueError(f"no flag table for backend {backend!r}; one of {', '.join(BACKENDS)}")
     data = json.loads((Path(__file__).parent / f"{backend}_flags.json").read_text(encoding="utf-8"))
     return FlagTable(data["backend"], data["repository"], data["commit"], data["file"], data["options"])
+
+
+def required_flags(backend: str) -> list[str]:
+    """The flags ``backend``'s parser requires (``required=True`` in its arguments.py), sorted."""
+    return sorted(flag for flag, row in flag_table(backend).options.items() if row.get("required"))
+
+
+def missing_required(backend: str, args: list[str]) -> list[str]:
+    """The required flags of ``backend`` that neither the team's ``args`` nor forge-replay's injected flags give."""
+    from forge_replay.backends.rules import sets_flag
+
+    return [flag for flag in required_flags(backend) if flag not in BACKEND_INJECTED[backend]
+            and not sets_flag(args, flag)]
 
 
 def flag_of(arg: str) -> str | None:
@@ -134,6 +151,7 @@ def injected_argv(spec: Any, dumps_root: str) -> list[str]:
     argv += loader_flags(replay.mode, replay.loader, f"{dumps_root.rstrip('/')}/{replay.dumps.path}")
     if backend == "miles" and replay.loader == "forgeReplay" and not replay.dumps.fallback_to_first:
         argv.append("--no-forge-replay-fallback-to-first")
+    argv += dataset_flags(backend, trainer.args)
     start = replay.start_rollout_id
     argv += ["--start-rollout-id", str(start), "--num-rollout", str(start + replay.num_rollouts)]
     if replay.eval_interval:
@@ -150,6 +168,19 @@ def injected_argv(spec: Any, dumps_root: str) -> list[str]:
         if backend == "miles":
             argv += ["--ft-components", *ft.active_components]
     return argv
+
+
+def dataset_flags(backend: str, args: list[str]) -> list[str]:
+    """``--disable-rollout-global-dataset`` where ``backend`` would load ``--prompt-data`` unconditionally (miles: a
+    replay has no prompts), unless the team's ``args`` give prompt data or the flag themselves."""
+    from forge_replay.backends.rules import sets_flag, upstream_rule
+
+    rule = upstream_rule(backend, "global-dataset")
+    if rule is None or not rule["needs_prompt_data"]:
+        return []
+    if sets_flag(args, rule["data_flag"]) or sets_flag(args, rule["off_flag"]):
+        return []
+    return [rule["off_flag"]]
 
 
 def worker_gpus(spec: Any) -> int:

@@ -148,6 +148,10 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
         err(f"{file}: backend {spec.trainer.backend} runs the team's {spec.trainer.script}: pass --trainer-root DIR, "
             f"the local folder standing in for spec.trainer.workingDir ({spec.trainer.working_dir})")
         return EXIT_UNUSABLE
+    from forge_replay.api.cli import job_notes
+
+    for note in job_notes(spec):  # as validate says them: the upstream loader unpickles; no GPUs, a stand-in only
+        err(f"{file}: note: {note}")
     script = Path(trainer_root, spec.trainer.script)
     if not script.is_file():
         err(f"{file}: {script} does not exist (spec.trainer.script under --trainer-root)")
@@ -161,11 +165,28 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
     elif not Path(dumps_root).is_dir():
         err(f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing")
         return EXIT_FAILED
-    if spec.replay.loader == "upstream":
-        from forge_replay.api.cli import UPSTREAM_LOADER_NOTE
-
-        err(f"{file}: note: {UPSTREAM_LOADER_NOTE}")
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")
-    return EXIT_OK if status == "SUCCEEDED" else EXIT_FAILED
+    if status != "SUCCEEDED":
+        return EXIT_FAILED
+    return _verdict_exit(file, results_dir, spec, err)
+
+
+def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], None]) -> int:
+    """0, or 3 (``run``'s status for an unmet spec.expect) when the publish step's verdict failed or is missing."""
+    from forge_replay.backends.publish import unmet
+    from forge_replay.runtime.cli import EXIT_EXPECTATIONS, EXIT_OK
+
+    if spec.expect is None:
+        return EXIT_OK
+    try:
+        document = json.loads(Path(results_dir, "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        err(f"forge-replay run {file}: spec.expect not checked: no readable report.json in {results_dir} ({exc})")
+        return EXIT_EXPECTATIONS
+    why = unmet(document) if document.get("expectations") is not None else "the run recorded no verdict"
+    if why:
+        err(f"forge-replay run {file}: {why}")
+        return EXIT_EXPECTATIONS
+    return EXIT_OK

@@ -6,8 +6,12 @@ writes ``<results>/report.json`` (``summary.memory_peak`` as the builtin trainer
 ``<results>/progress.json``; in a pod it also patches the job's progress ConfigMap with the ServiceAccount token the
 head pod mounts, so the operator copies the peak into ``status.memory`` as it does for the builtin trainer.
 
+With ``--max-peak-memory-gib`` (spec.expect.maxPeakMemoryGiB), the verdict (``forge_replay.verdict.checks``,
+the builtin trainer's) is recorded in report.json's ``expectations`` and progress.json's result: a peak over the
+budget fails the job (ExpectationsMet=False), as it does for the builtin trainer.
+
 Standard library only: the team's image has no kubernetes client (nor pydantic). Publishing never changes the
-job's outcome: a failure is printed, and the script's own exit status is the job's.
+script's exit status: a failure to publish is printed.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from forge_replay.backends import BACKENDS
 from forge_replay.backends.probe import memory_peak
 from forge_replay.runtime.results import write_atomically
+from forge_replay.verdict.checks import Limits, check_report
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PROGRESS_KEY = "progress.json"  # forge_replay.api.progress.PROGRESS_KEY (a test keeps them equal)
@@ -61,23 +66,44 @@ def outcome(exit_code: int, script: str) -> tuple[str, str]:
 
 
 def report(job: str, backend: str, script: str, exit_code: int, total: int, peak: dict[str, Any] | None,
-           finished_at: str) -> dict[str, Any]:
-    """report.json of a slime / miles run: the builtin trainer's keys that mean something here."""
+           finished_at: str, limits: Limits | None = None) -> dict[str, Any]:
+    """report.json of a slime / miles run: the builtin trainer's keys that mean something here, and with
+    ``limits`` the verdict on them (``expectations``, as the builtin trainer's report holds it)."""
     phase, message = outcome(exit_code, script)
-    return {"job": job, "backend": backend, "script": script, "exit_code": exit_code, "partial": False,
-            "planned": total, "error": message or None, "finished_at": finished_at,
-            "summary": {"memory_peak": peak}}
+    document: dict[str, Any] = {"job": job, "backend": backend, "script": script, "exit_code": exit_code,
+                                "partial": False, "planned": total, "error": message or None,
+                                "finished_at": finished_at, "summary": {"memory_peak": peak}}
+    if limits is not None and exit_code == 0:  # as the builtin trainer: a run that failed is not judged
+        document["expectations"] = [c.to_dict() for c in check_report(document, limits, records_losses=False)]
+    return document
+
+
+def unmet(document: dict[str, Any]) -> str:
+    """The first failed expectation of a report as one line, or "" when none failed."""
+    failed = [c for c in document.get("expectations") or [] if not c["passed"]]
+    if not failed:
+        return ""
+    return (f"{len(failed)} of {len(document['expectations'])} expectation(s) not met; first: {failed[0]['name']}: "
+            f"{failed[0]['message']}")
 
 
 def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | None,
-             finished_at: str) -> dict[str, Any]:
+             finished_at: str, expectations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """progress.json (``api.progress.ProgressReport``, camelCase) once the script has ended. The script trained
     every rollout when it exited 0 (its ``--num-rollout`` is forge-replay's end bound); otherwise how many it
-    trained is not known here, and ``completed`` stays 0."""
+    trained is not known here, and ``completed`` stays 0. ``expectations``: the verdict (report.json's), which
+    fails the result when a check failed."""
     phase, message = outcome(exit_code, script)
-    document: dict[str, Any] = {"completed": total if phase == "Succeeded" else 0, "total": total,
-                                "updatedAt": finished_at,
-                                "result": {"phase": phase, "message": message, "finishedAt": finished_at}}
+    completed = total if phase == "Succeeded" else 0
+    why = unmet({"expectations": expectations})
+    if why:
+        phase, message = "Failed", why
+    result: dict[str, Any] = {"phase": phase, "message": message, "finishedAt": finished_at}
+    if expectations is not None:
+        from forge_replay.verdict.checks import Check
+
+        result["expectations"] = [Check(**c).to_status() for c in expectations]
+    document: dict[str, Any] = {"completed": completed, "total": total, "updatedAt": finished_at, "result": result}
     memory = progress_memory(peak)
     if memory is not None:
         document["memory"] = memory
@@ -108,18 +134,20 @@ def in_cluster() -> tuple[str, str, str, str] | None:
 
 
 def publish(results: str, job: str, backend: str, script: str, exit_code: int, total: int,
-            configmap: str | None, api: tuple[str, str, str | None, str] | None) -> list[str]:
+            configmap: str | None, api: tuple[str, str, str | None, str] | None,
+            limits: Limits | None = None) -> list[str]:
     """Write report.json and progress.json under ``results`` and patch ``configmap`` through ``api``; returns the
-    problems met (each one line), none of which stops the others."""
+    problems met (each one line), none of which stops the others. ``limits``: spec.expect's, checked here."""
     peak = memory_peak(os.path.join(results, PROBE_FOLDER))  # None when the folder is missing or empty
     finished = now_rfc3339()
-    text = json.dumps(progress(exit_code, script, total, peak, finished), sort_keys=True)
+    document = report(job, backend, script, exit_code, total, peak, finished, limits)
+    text = json.dumps(progress(exit_code, script, total, peak, finished, document.get("expectations")),
+                      sort_keys=True, allow_nan=False)
     problems = []
     try:
         os.makedirs(results, exist_ok=True)
         write_atomically(Path(results, "report.json"),
-                         json.dumps(report(job, backend, script, exit_code, total, peak, finished), indent=1,
-                                    sort_keys=True) + "\n")
+                         json.dumps(document, indent=1, sort_keys=True, allow_nan=False) + "\n")
         write_atomically(Path(results, PROGRESS_KEY), text)
     except OSError as exc:
         problems.append(f"cannot write report.json / progress.json under {results}: {exc}")
@@ -142,10 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--script", default="train.py")
     parser.add_argument("--total", type=int, required=True, help="rollouts the script was asked to train")
     parser.add_argument("--configmap", default=None, help="the job's progress ConfigMap (in a pod)")
+    parser.add_argument("--max-peak-memory-gib", type=float, default=None,
+                        help="spec.expect.maxPeakMemoryGiB: the verdict on the probe's peak")
     args = parser.parse_args(argv)
     api = in_cluster() if args.configmap else None
+    limits = Limits(max_peak_memory_gib=args.max_peak_memory_gib) if args.max_peak_memory_gib is not None else None
     problems = publish(args.results, args.job, args.backend, args.script, args.exit_code, args.total,
-                       args.configmap, api)
+                       args.configmap, api, limits)
     for problem in problems:
         print(f"forge-replay: {problem} (the job's outcome is the script's)", file=sys.stderr)
     if not problems:

@@ -360,27 +360,16 @@ class Reconciler:
         return claim_problems(namespace, read)
 
     def _baseline_problem(self, job: ForgeReplayJob) -> str | None:
-        """Why the ConfigMap of spec.expect.baseline cannot give the runtime its baseline (missing, no report.json
-        key, not a report), or None (also without one; a baseline on a PVC is read by the runtime)."""
-        from forge_replay.expect import BASELINE_KEY, BaselineUnreadable, parse_report
+        """Why the ConfigMap of spec.expect.baseline cannot give the runtime its baseline
+        (``verdict.baseline.configmap_problem``), or None (also without one; a baseline on a PVC is read by the
+        runtime)."""
+        from forge_replay.verdict.baseline import configmap_problem
 
         baseline = job.spec.expect.baseline if job.spec.expect is not None else None
         if baseline is None or baseline.config_map_name is None:
             return None
         namespace, name = job.metadata.namespace, baseline.config_map_name
-        where = f"ConfigMap {namespace}/{name} (spec.expect.baseline.configMapName)"
-        config = self.kube.get("v1", "ConfigMap", namespace, name)
-        if config is None:
-            return (f"{where} does not exist; create it (forge-replay report baseline REPORT.json --name {name}) "
-                    "or fix the name")
-        text = (config.get("data") or {}).get(BASELINE_KEY)
-        if not text:
-            return f"{where} has no data key {BASELINE_KEY}"
-        try:
-            parse_report(text, f"{where} key {BASELINE_KEY}")
-        except BaselineUnreadable as exc:
-            return str(exc)
-        return None
+        return configmap_problem(self.kube.get("v1", "ConfigMap", namespace, name), namespace, name, job.spec)
 
     def _launch_note(self, namespace: str, rayjob: dict[str, Any] | None) -> str | None:
         """Why the Ray pods of a launching RayJob do not start, in their own words (None when nothing is stuck)."""

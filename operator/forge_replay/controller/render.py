@@ -190,6 +190,9 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
         command += ["--eval-reward-key", replay.eval_reward_key]
     if job.spec.trainer.n_samples_per_prompt:
         command += ["--n-samples-per-prompt", str(job.spec.trainer.n_samples_per_prompt)]
+    trainer = job.spec.trainer
+    if trainer.backend != "builtin":  # the framework's own eval before training and acceptance rules
+        command += ["--backend", trainer.backend, "--trainer-args", json.dumps(trainer.args, separators=(",", ":"))]
     model = job.spec.model
     if model.config is not None:
         command += ["--model-config", json.dumps(model.config, sort_keys=True, separators=(",", ":"))]

@@ -123,6 +123,12 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
               help="The model's checkpoint directory (spec.model.path): its config.json gives the vocabulary and"
               " positions the tokens must fit (read without weights; unreadable: noted, those checks skipped).")
 @click.option("--model-config", default=None, metavar="JSON", help="The model config (spec.model.config), as JSON.")
+@click.option("--backend", type=click.Choice(["builtin", "slime", "miles"]), default="builtin", show_default=True,
+              help="The trainer (spec.trainer.backend): slime and miles evaluate before training where their train.py"
+              " does, and refuse train dumps their own code refuses (see --trainer-args).")
+@click.option("--trainer-args", default=None, metavar="JSON",
+              help="spec.trainer.args as a JSON list (slime / miles): the settings their acceptance rules read "
+              "(--advantage-estimator, --n-samples-per-prompt, ...); --reward-key is the framework's too.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes, each verifying one file at a time (memory: the largest file's times the"
               " workers). Default: the CPUs this process may use (affinity and cgroup quota).")
@@ -145,6 +151,8 @@ def verify(
     n_samples_per_prompt: int | None,
     model_path: str | None,
     model_config: str | None,
+    backend: str,
+    trainer_args: str | None,
     jobs: int | None,
     record_path: str | None,
     as_json: bool,
@@ -157,9 +165,23 @@ def verify(
     With any of the job's settings (--reward-key, --no-reward-key, --n-samples-per-prompt, --model,
     --model-config) every train dump goes through the trainer's own conversion under them: give them
     all, as the operator's verify Job does (a dict reward without --reward-key is then refused).
+    With --backend slime or miles, train dumps must also pass that framework's own acceptance rules.
     """
+    from forge_replay.backends.acceptance import UpstreamSettings
     from forge_replay.dumps.convert import NO_LIMITS, Conversion
     from forge_replay.dumps.verify import VerifyWorkerDied, model_limits, usable_cpus, verify_dumps
+
+    upstream = None
+    if trainer_args is not None and backend == "builtin":
+        _fail("--trainer-args: only with --backend slime or miles", code=2)
+    if backend != "builtin":
+        try:
+            args = json.loads(trainer_args) if trainer_args is not None else []
+            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                raise ValueError("expected a JSON list of strings")
+        except ValueError as exc:
+            _fail(f"--trainer-args: {exc}", code=2)
+        upstream = UpstreamSettings.from_args(backend, args, reward_key)
 
     if no_reward_key and reward_key is not None:
         _fail("--no-reward-key and --reward-key contradict each other", code=2)
@@ -195,6 +217,8 @@ def verify(
             eval_reward_key=eval_reward_key,
             conversion=conversion,
             notes=notes,
+            backend=backend,
+            upstream=upstream,
             jobs=jobs or usable_cpus(),
         )
     except ValueError as exc:

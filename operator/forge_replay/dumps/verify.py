@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
+from forge_replay.backends.acceptance import UpstreamSettings, refusals
 from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
 from forge_replay.dumps.files import load
@@ -31,11 +32,13 @@ from forge_replay.dumps.verify_record import record_key
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
 
-def replayed_eval_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int, eval_before_train: bool) -> list[int]:
-    """Every eval a run replays, in order: the one before the first step (when asked for) and those after rollouts."""
+def replayed_eval_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int, eval_before_train: bool,
+                      backend: str = "builtin") -> list[int]:
+    """Every eval a run replays, in order: the one before the first step (when asked for, where ``backend``'s
+    train.py evaluates it) and those after rollouts."""
     from forge_replay.replay import eval_before_train_id
 
-    first = eval_before_train_id(start_rollout_id, eval_interval, eval_before_train)
+    first = eval_before_train_id(start_rollout_id, eval_interval, eval_before_train, backend)
     after = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
     return sorted(set(after) | ({first} if first is not None else set()))
 
@@ -251,6 +254,7 @@ class FileSettings:
     reward_key: str | None
     eval_reward_key: str | None
     limits: Limits
+    upstream: UpstreamSettings | None = None  # a slime / miles job's acceptance rules (backends/acceptance.py)
 
     def to_dict(self) -> dict:
         c = self.conversion
@@ -259,8 +263,10 @@ class FileSettings:
             "reward_key": c.reward_key, "vocab_size": c.limits.vocab_size,
             "max_position_embeddings": c.limits.max_positions,
         }
+        upstream = None if self.upstream is None else {
+            k: sorted(v) if isinstance(v, frozenset) else v for k, v in asdict(self.upstream).items()}
         return {"conversion": conversion, "reward_key": self.reward_key, "eval_reward_key": self.eval_reward_key,
-                "limits": asdict(self.limits)}
+                "limits": asdict(self.limits), "upstream": upstream}
 
 
 @dataclass(frozen=True)
@@ -289,6 +295,9 @@ def verify_file(path: str, kind: str, settings: FileSettings) -> FileResult:
                                           conversion is not None)
             if problem:
                 raise SampleError(None, "reward", problem)
+        refused = refusals(dump.samples, settings.upstream) if kind == "train" and settings.upstream else []
+        if refused:  # the framework's own acceptance, stricter than forge-replay's trainer here
+            raise SampleError(refused[0].index, refused[0].field, refused[0].problem)
         return FileResult(len(dump.samples), "", dump.rollout_id, masked_out)
     except SampleError as exc:
         return FileResult(error=str(exc) if exc.where else f"{path}: {exc}")
@@ -437,6 +446,8 @@ def verify_dumps(
     eval_reward_key: str | None = None,
     conversion: Conversion | None = None,
     notes: tuple[str, ...] = (),
+    backend: str = "builtin",
+    upstream: UpstreamSettings | None = None,
     jobs: int = 1,
     trust: str | None | Literal[False] = False,
 ) -> VerifyReport:
@@ -447,8 +458,11 @@ def verify_dumps(
     With ``conversion`` (the job's settings) every train dump is converted as the trainer converts it, and eval dumps'
     dict rewards are read under ``eval_reward_key`` or the job's reward key (a dict without a key is refused); without
     it the per-sample checks run alone and dict rewards are checked only under ``reward_key``. With
-    ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too. ``notes`` (checks
-    skipped, e.g. an unreadable model config) are carried into the report. ``jobs`` worker processes verify files in
+    ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too, where
+    ``backend``'s train.py evaluates it (miles: at ``start_rollout_id``; slime and builtin: only at 0). ``notes``
+    (checks skipped, e.g. an unreadable model config) are carried into the report. With ``upstream`` (a slime / miles
+    job's settings) every train dump must also pass that framework's own acceptance rules (backends/acceptance.py),
+    which are stricter than forge-replay's trainer in places. ``jobs`` worker processes verify files in
     parallel. ``trust``: the path of a verify record (:mod:`~forge_replay.dumps.verify_record`; None: there is none)
     whose files are not verified again when unchanged; False (the default) verifies everything without a word.
     Raises ValueError for an invalid template or counts, VerifyWorkerDied when a worker process dies.
@@ -467,10 +481,10 @@ def verify_dumps(
     began = time.perf_counter()
     if conversion is not None:
         reward_key = conversion.reward_key
-    settings = FileSettings(conversion, reward_key, eval_reward_key, limits or default_limits())
+    settings = FileSettings(conversion, reward_key, eval_reward_key, limits or default_limits(), upstream)
     report = VerifyReport(template=template, root=root, notes=list(notes), settings=settings)
     rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
-    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train)
+    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train, backend)
 
     # What each rollout and eval reads: (kind, id, path, status, message, file read or None, expected rollout_id)
     planned: list[tuple[str, int, str, Status, str, str | None, int | None]] = []

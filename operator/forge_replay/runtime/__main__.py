@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             record_result(config, "Failed", str(exc))
             return 2
 
-    from forge_replay.runtime.verdict import unusable_baseline
+    from forge_replay.verdict.run import unusable_baseline
 
     failed = unusable_baseline(config.job.spec, config.baseline_path)  # before Ray: nothing is trained for nothing
     if failed:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if how != ALREADY_CONNECTED:
             ray.shutdown()
-    from forge_replay.runtime.verdict import unmet
+    from forge_replay.verdict.run import unmet
 
     if unmet(report):  # the run finished, but spec.expect failed: the job fails (ExpectationsMet=False)
         print(f"forge-replay: {unmet(report)}", file=sys.stderr)

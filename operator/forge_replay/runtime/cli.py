@@ -73,7 +73,7 @@ def synthesize_if_absent(job, dumps_root: str, echo) -> list[str]:
     shape = synth_shape(job)
     start = replay.start_rollout_id if is_template(template) else 0
     eval_ids = replayed_eval_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval,
-                                 replay.eval_before_train)
+                                 replay.eval_before_train, job.spec.trainer.backend)
     target = os.path.join(dumps_root, template)
     # the first dump tells how large they all are, before the disk fills up
     written = write_synth_dumps(target, 1, start_rollout_id=start, **shape)
@@ -124,17 +124,22 @@ def missing_input(spec, dumps_root: str, model_root: str | None, synth_missing: 
 
 
 def load_one_job(file: str):
-    """The single ForgeReplayJob in ``file``; raises click.ClickException-friendly messages."""
+    """The single ForgeReplayJob in ``file`` (a multi-document file may hold other kinds next to it, such as the
+    baseline ConfigMap of a GitOps folder: skipped, as ``validate`` skips them); raises _Unusable otherwise."""
     from forge_replay.api import DocumentError, NotAForgeReplayJob, SpecInvalid, load_documents, parse_job
+    from forge_replay.api.parse import other_kind
 
     try:
         docs = load_documents(file)
     except DocumentError as exc:
         raise _Unusable(f"{file}: {exc}") from None
-    if len(docs) != 1:
-        raise _Unusable(f"{file}: holds {len(docs)} YAML documents; `run` takes exactly one ForgeReplayJob")
+    jobs = [doc for doc in docs if other_kind(doc) is None]  # other kinds (a GitOps folder's ConfigMap): skipped
+    if len(jobs) != 1:
+        others = f" and {len(docs) - len(jobs)} of other kinds" if len(docs) > len(jobs) else ""
+        raise _Unusable(f"{file}: holds {len(jobs)} ForgeReplayJob document(s){others}; `run` takes exactly one "
+                        "ForgeReplayJob (other kinds next to it are skipped, as validate skips them)")
     try:
-        return parse_job(docs[0])
+        return parse_job(jobs[0])
     except NotAForgeReplayJob as exc:
         raise _Unusable(f"{file}: {exc}") from None
     except SpecInvalid as exc:
@@ -231,7 +236,7 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
         if problem:
             err(f"{file}: {problem}")
             sys.exit(EXIT_UNUSABLE)
-    from forge_replay.runtime.verdict import baseline_problem
+    from forge_replay.verdict.run import baseline_problem
 
     problem = baseline_problem(baseline, spec)  # before Ray: a baseline that cannot be used is bad input
     if problem:
@@ -255,7 +260,7 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
                          baseline)
     finally:
         lock.release()
-    from forge_replay.runtime.verdict import unmet
+    from forge_replay.verdict.run import unmet
 
     if unmet(report):
         err(f"forge-replay run {file}: {unmet(report)}")

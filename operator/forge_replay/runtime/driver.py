@@ -141,9 +141,11 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from forge_replay.replay import eval_before_train_id, eval_note
     from forge_replay.runtime.placement import place_trainer
     from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
-    from forge_replay.expect import over_memory_budget
+    from forge_replay.runtime.environment import environment
     from forge_replay.runtime.report import render_table
-    from forge_replay.runtime.verdict import environment, render_verdict, verdict
+    from forge_replay.verdict.checks import over_memory_budget
+    from forge_replay.verdict.identity import identity_of
+    from forge_replay.verdict.run import render_verdict, verdict
     from forge_replay.runtime.rollout_manager import RolloutManager
     from forge_replay.runtime.trainer.rank import TrainerGroup, trainer_settings
     from forge_replay.runtime.weights.calls import WeightSyncError
@@ -169,6 +171,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         planned=len(rollout_ids),
     )
     report.preflight = prepared.preflight
+    report.identity = identity_of(report.job, spec)
     saver = ReportSaver(config.results_dir)
     saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
 
@@ -214,7 +217,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         rank0 = group.setup(source)[0]
         report.num_params = rank0["num_params"]
         report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
-                                         rank0["deterministic"])
+                                         rank0["deterministic"], rank0.get("threads"))
         if plan.start_engines:
             starting(f"starting: waiting for {spec.rollout.num_engines} sglang engine(s)")
         ray.get(rollout_side)
@@ -299,7 +302,9 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
                 report.interrupted, report.error = signal_name, f"interrupted by {signal_name}"
             report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
             if report.error is None and spec.expect is not None:  # the verdict on a run that finished (or was stopped)
-                report.expectations = [c.to_dict() for c in verdict(report.to_dict(), spec, config.baseline_path)]
+                checks, warnings = verdict(report.to_dict(), spec, config.baseline_path)
+                report.expectations = [c.to_dict() for c in checks]
+                report.warnings += warnings
             publish(report.completed)  # a step trained but stopped in its weight push counts in both files
             if manager is not None and plan.start_engines:
                 try:
@@ -339,7 +344,8 @@ class ReportSaver:
         if step_done and time.perf_counter() - self.last_wrote < 10 * self.took:
             return
         began = time.perf_counter()
-        try:
+        report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
+        try:  # a run killed after this write leaves a report whose summary covers the steps it holds
             if not self.last_wrote:
                 os.makedirs(self.directory, exist_ok=True)
             write_json(report, self.directory)

@@ -74,8 +74,8 @@ class ProgressPublisher:
 def record_result(config, phase: str, message: str = "", expectations: list[dict] | None = None) -> None:
     """Publish how the run ended on top of its last progress report, so the operator can read the outcome
     from the progress ConfigMap after KubeRay deleted the RayJob (never fatal, like every publish).
-    ``expectations``: the verdict's checks as report.json holds them (``forge_replay.expect.Check``)."""
-    from forge_replay.expect import Check
+    ``expectations``: the verdict's checks as report.json holds them (``forge_replay.verdict.checks.Check``)."""
+    from forge_replay.verdict.checks import Check
     publisher = ProgressPublisher(config.results_dir, config.progress_configmap, config.job.metadata.namespace)
     last = ProgressReport(total=config.job.spec.replay.num_rollouts)
     if publisher.path is not None and publisher.path.exists():

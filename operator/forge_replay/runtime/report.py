@@ -5,12 +5,15 @@ Pure functions build the records and the summary; the writers only format them.
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from forge_replay.runtime.results import write_atomically
+from forge_replay.verdict.reports import dumps_strict, non_finite_metrics
+
+log = logging.getLogger(__name__)
 
 REPORT_JSON = "report.json"
 MEMORY_PLOT = "memory.png"
@@ -44,6 +47,9 @@ class RolloutRecord:
     """Why the dump's own rollout_id is not the rollout its file stands for (slime never reads it); None when it is."""
     multimodal_ignored_samples: int = 0
     """Samples with multimodal inputs (VLM images, pixel_values) of which the builtin trainer trained the tokens only."""
+    non_finite: dict[str, str] = field(default_factory=dict)
+    """loss / grad_norm values that are not finite, as ``{"grad_norm": "nan"}``: report.json writes them as null
+    (strict JSON), so this says what they were."""
 
 
 @dataclass
@@ -87,13 +93,21 @@ class RunReport:
     engines: dict | None = None
     """forge mode: engine count, restarts, weight versions, health/eval probes, GPU memory held
     (``forge_replay.runtime.engines.fleet.EngineFleet.report``); None in debug mode."""
+    identity: dict = field(default_factory=dict)
+    """What the run replayed: job, mode, dump path template, model (config hash or path) and the trainer settings
+    that change the numbers (``forge_replay.verdict.identity.identity_of``)."""
     environment: dict = field(default_factory=dict)
     """What a baseline comparison needs to be meaningful: seed, torch / transformers / forge-replay versions,
-    device, world size and the deterministic settings that were on (``forge_replay.runtime.verdict.environment``)."""
+    device, world size, thread settings and the deterministic settings that were on
+    (``forge_replay.runtime.environment.environment``)."""
+    warnings: list[str] = field(default_factory=list)
+    """What the run says but does not fail on: a plot that could not be written, a baseline of another
+    environment or identity."""
     stopped_early: str | None = None
     """Why the run was stopped before its last rollout by an expectation (over spec.expect.maxPeakMemoryGiB)."""
     expectations: list[dict] | None = None
-    """The verdict on spec.expect, one entry per check (``forge_replay.expect.Check``); None without spec.expect."""
+    """The verdict on spec.expect, one entry per check (``forge_replay.verdict.checks.Check``); None without
+    spec.expect."""
     preflight: dict | None = None
     """What the pre-flight checked before the run: dump files ``verified`` and ``trusted`` (from the verify Job's
     record), ``seconds``, the ``record`` and why it was not used (``note``); None with spec.replay.verify false."""
@@ -108,7 +122,7 @@ def combine_rank_results(step: int, batch, rank_results: list[dict], data_wait_s
     loss_tokens = sum(r["loss_tokens"] for r in rank_results)
     loss = sum(r["loss_sum"] for r in rank_results) / max(loss_tokens, 1.0)
     clip_fraction = sum(r["clipped_tokens"] for r in rank_results) / max(loss_tokens, 1.0)
-    return RolloutRecord(
+    record = RolloutRecord(
         step=step,
         rollout_id=batch.rollout_id,
         loss=loss,
@@ -128,6 +142,8 @@ def combine_rank_results(step: int, batch, rank_results: list[dict], data_wait_s
         rollout_id_mismatch=batch.rollout_id_mismatch or None,
         multimodal_ignored_samples=batch.multimodal_ignored,
     )
+    record.non_finite = non_finite_metrics(asdict(record))
+    return record
 
 
 def headline_gib(memory: dict) -> float:
@@ -193,6 +209,7 @@ def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_fir
     tokens = sum(r.tokens for r in records)
     losses = [r.loss for r in records]
     mismatched = [r.rollout_id for r in records if r.rollout_id_mismatch]
+    non_finite = [r.rollout_id for r in records if r.non_finite]
     return {
         "rollouts": len(records),
         "fallbacks": sum(r.fallback_used for r in records),
@@ -202,6 +219,8 @@ def summarize(records: list[RolloutRecord], evals: list[EvalRecord], time_to_fir
         "rollout_id_mismatches": len(mismatched),
         "rollout_id_mismatch_rollout_ids": mismatched,
         "all_losses_finite": all(math.isfinite(x) for x in losses),
+        "all_finite": not non_finite,
+        "non_finite_rollout_ids": non_finite,
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "tokens": tokens,
@@ -225,9 +244,10 @@ def _total_or_none(values: list[float | None]) -> float | None:
 
 def write_json(report: RunReport, directory: str | Path) -> Path:
     """report.json, written whole (a temporary file and a rename): a run killed or a disk filled mid-write
-    leaves the previous version. Raises OSError."""
+    leaves the previous version. Strict JSON: a non-finite number is written as null, its rollout's
+    ``non_finite`` and the summary's ``all_finite`` say so. Raises OSError."""
     path = Path(directory) / REPORT_JSON
-    write_atomically(path, json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n")
+    write_atomically(path, dumps_strict(report.to_dict(), indent=2, sort_keys=False) + "\n")
     return path
 
 
@@ -276,21 +296,18 @@ def write_plot(report: RunReport, directory: Path) -> Path | None:
 def write_report(report: RunReport, directory: str | Path) -> dict:
     """Write memory.png, then report.json, into ``directory`` (each whole); returns their paths.
 
-    A plot that cannot be written does not keep report.json from being written; the first OSError is
-    raised once both were tried."""
+    A plot that cannot be written (a full disk) is a warning: logged and recorded in the report's ``warnings``,
+    ``files.plot`` null; report.json is written all the same. Raises OSError when report.json cannot be."""
     directory = Path(directory)
-    failure: OSError | None = None
     try:
         plot = write_plot(report, directory)
     except OSError as exc:
-        failure, plot = exc, None
+        plot = None
+        warning = f"{MEMORY_PLOT} not written: {exc.strerror or exc} ({exc.filename or directory})"
+        log.warning("%s", warning)
+        report.warnings.append(warning)
     report.files = {**report.files, "report": str(directory / REPORT_JSON), "plot": str(plot) if plot else None}
-    try:
-        write_json(report, directory)
-    except OSError as exc:
-        failure = failure or exc
-    if failure is not None:
-        raise failure
+    write_json(report, directory)
     return report.files
 
 
@@ -345,6 +362,7 @@ def render_table(report: RunReport):
         )
     if report.engines:
         lines.append(engines_line(report.engines))
+    lines += [f"warning: {w}" for w in report.warnings]
     if report.files:
         lines.append(f"report: {report.files.get('report')}  plot: {report.files.get('plot')}")
     return Group(table, *(Text(line) for line in lines))

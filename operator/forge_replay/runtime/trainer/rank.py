@@ -32,7 +32,7 @@ class TrainerSettings:
     seed: int
     memory_snapshot: bool
     deterministic: bool = False
-    """Debug replay: torch's deterministic settings on (``forge_replay.runtime.verdict.make_deterministic``)."""
+    """Debug replay: torch's deterministic settings on (``forge_replay.runtime.environment.make_deterministic``)."""
 
     @property
     def use_gpu(self) -> bool:
@@ -109,7 +109,7 @@ class TrainerRank:
 
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
         if self.settings.deterministic:  # before the first CUDA call: cuBLAS reads its workspace setting once
-            from forge_replay.runtime.verdict import make_deterministic
+            from forge_replay.runtime.environment import make_deterministic
 
             self.deterministic = make_deterministic(self.settings.use_gpu)
         if self.settings.use_gpu:
@@ -157,8 +157,10 @@ class TrainerRank:
         if self.settings.memory_snapshot:
             start_memory_history()
         device_name = torch.cuda.get_device_name(0) if self.settings.use_gpu else "cpu"
+        from forge_replay.runtime.environment import thread_settings
+
         return {"rank": self.rank, "num_params": num_params, "device": self.device, "device_name": device_name,
-                "deterministic": self.deterministic}
+                "deterministic": self.deterministic, "threads": thread_settings()}
 
     # -- training ----------------------------------------------------------------------------
     def train_step(self, step: int, micro_batches: list[MicroBatch], loss_tokens_total: float) -> RankStepResult:

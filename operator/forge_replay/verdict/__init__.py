@@ -1,0 +1,14 @@
+"""spec.expect's verdict in one place (issue 25): pure functions over report dicts, with thin shells around them.
+
+- :mod:`.reports`: reading report.json, strict JSON (non-finite numbers as null, flagged), and the one
+  definition of a report usable as a baseline or in a comparison (:func:`.reports.unusable_reason`).
+- :mod:`.identity`: what makes two runs comparable (the job's identity, its environment).
+- :mod:`.compare`: a run's per-rollout metrics against a baseline's.
+- :mod:`.checks`: the checks of spec.expect (:func:`.checks.check_report`).
+- :mod:`.baseline`: the baseline ConfigMap (what a comparison needs, sized for client-side apply).
+- :mod:`.run`: the verdict as ``forge-replay run`` and the in-cluster runtime use it.
+- :mod:`.cli`: ``forge-replay report compare|baseline``.
+
+The runtime (driver, ``python -m forge_replay.runtime``), the slime / miles publish step and the operator call
+these; none decides a piece of the verdict itself. Importing the package needs the standard library only.
+"""

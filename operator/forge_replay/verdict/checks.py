@@ -1,0 +1,206 @@
+"""The release-validation verdict: a run's report.json against ``spec.expect`` (and a baseline report).
+
+Pure functions over report dicts (report.json as parsed): ``forge-replay run``, the in-cluster runtime and
+``forge-replay report compare`` all decide with these, so they always agree. Each check is a :class:`Check`;
+one that cannot be decided (a baseline that cannot be used, a rollout the baseline lacks, a figure the report
+does not carry) is a failed check saying why, never a silent pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from forge_replay.verdict.compare import fmt, fmt_rel, number, rollout_differences
+from forge_replay.verdict.identity import identity_differences
+from forge_replay.verdict.reports import FINITE_METRICS, non_finite_metrics, unusable_reason
+
+FINITE_CHECK = "finiteMetrics"
+"""The check every run with spec.expect gets: loss and grad norm finite on every rollout."""
+IDENTITY_CHECK = "baseline.identity"
+"""Fails when the baseline replayed another mode or model (unless allowed)."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation: ``observed`` against ``limit`` (for a baseline, the baseline's value).
+
+    A baseline miss names the first ``rollout`` id and the ``metric`` that differ. The field names are the
+    same in report.json and in ``status.expectations``."""
+
+    name: str
+    passed: bool
+    observed: float | None = None
+    limit: float | None = None
+    rollout: int | None = None
+    metric: str | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_status(self) -> dict[str, Any]:
+        """For status.expectations and the progress ConfigMap: JSON cannot carry NaN or infinities (the
+        message still says them); None fields are left out."""
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        for key in ("observed", "limit"):
+            if isinstance(out.get(key), float) and not math.isfinite(out[key]):
+                del out[key]
+        return out
+
+
+@dataclass(frozen=True)
+class Limits:
+    """spec.expect's limits where pydantic is not installed (the slime / miles publish step in the team's
+    image): the attributes of ``ExpectSpec`` that :func:`check_report` reads."""
+
+    max_peak_memory_gib: float | None = None
+    max_fallbacks: int | None = None
+    min_tokens_per_second: float | None = None
+    baseline: Any = None
+
+
+# ------------------------------------------------------------------------------------------ figures
+
+
+def peak_memory_gib(rollouts: list[dict], summary: dict | None = None) -> float | None:
+    """The figure ``maxPeakMemoryGiB`` limits: the highest peak CUDA *reserved* of any rank on GPU, the peak
+    RSS on CPU, over the given rollout records; without per-rollout memory (a slime / miles run: the memory
+    probe's report), the summary's ``memory_peak``. None when nothing carries memory."""
+    peaks = [_rank_peak(mem) for record in rollouts for mem in record.get("memory") or []]
+    known = [p for p in peaks if p is not None]
+    if known:
+        return max(known)
+    return _rank_peak((summary or {}).get("memory_peak") or {})
+
+
+def _rank_peak(mem: dict) -> float | None:
+    reserved = mem.get("peak_reserved_gib")
+    return reserved if reserved is not None else mem.get("peak_rss_gib")
+
+
+def over_memory_budget(record: dict, limit: float | None) -> str | None:
+    """Why one step's record is over ``maxPeakMemoryGiB`` (checked after every step), or None."""
+    peak = peak_memory_gib([record])
+    if limit is None or peak is None or peak <= limit:
+        return None
+    return (f"peak memory {peak:.3f} GiB at rollout {record.get('rollout_id')} is over spec.expect.maxPeakMemoryGiB "
+            f"{limit:g}: the run was stopped early")
+
+
+# ------------------------------------------------------------------------------------------ verdict
+
+
+def check_report(report: dict, expect, baseline: dict | None = None, baseline_problem: str | None = None,
+                 records_losses: bool = True) -> list[Check]:
+    """Every check ``expect`` (an ``ExpectSpec``) asks for: ``finiteMetrics`` (any expectation brings it: a run
+    whose loss or grad norm went NaN or infinite passes no gate), then in the order the API lists them
+    maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, and for a baseline ``baseline.identity`` when the
+    baseline replayed another mode or model, then one ``baseline.<metric>`` per metric.
+
+    ``baseline`` is the baseline report (one that is not usable, :func:`unusable_reason`, fails every baseline
+    check saying why); ``baseline_problem`` why it could not be read. ``records_losses``: False for a slime /
+    miles run, whose report (the memory probe's) holds no losses to check."""
+    if expect is None:
+        return []
+    rollouts = report.get("rollouts") or []
+    summary = report.get("summary") or {}
+    checks = [finite_check(report)] if records_losses else []
+    if expect.max_peak_memory_gib is not None:
+        checks.append(_at_most("maxPeakMemoryGiB", peak_memory_gib(rollouts, summary), expect.max_peak_memory_gib,
+                               "peak memory (GiB, " + _memory_source(rollouts, summary) + ")"))
+    if expect.max_fallbacks is not None:
+        fallbacks = summary.get("fallbacks")
+        if fallbacks is None and rollouts:
+            fallbacks = sum(bool(r.get("fallback_used")) for r in rollouts)
+        checks.append(_at_most("maxFallbacks", fallbacks, expect.max_fallbacks, "rollouts trained on rollout 0's file"))
+    if expect.min_tokens_per_second is not None:
+        checks.append(_at_least("minTokensPerSecond", summary.get("tokens_per_second"), expect.min_tokens_per_second,
+                                "training tokens per second"))
+    if expect.baseline is not None:
+        b = expect.baseline
+        if baseline_problem is None and baseline is None:
+            baseline_problem = "no baseline report was given"
+        if baseline_problem is None:
+            why = unusable_reason(baseline)
+            baseline_problem = f"the baseline report: {why}" if why else None
+        if baseline_problem is not None:
+            checks += [Check(f"baseline.{m}", False, metric=m, message=f"baseline cannot be used: {baseline_problem}")
+                       for m in b.metrics]
+        else:
+            blocking, _ = identity_differences(report, baseline)
+            if blocking and not b.allow_different:
+                checks.append(Check(IDENTITY_CHECK, False, message="the baseline is of another job: " + "; ".join(
+                    blocking) + " (spec.expect.baseline.allowDifferent: true compares anyway)"))
+            checks += compare_reports(report, baseline, b.metrics, b.rtol, b.atol)
+    return checks
+
+
+def finite_check(report: dict) -> Check:
+    """``finiteMetrics``: loss and grad norm finite on every rollout; failed at the first that is not."""
+    bad = [(r.get("rollout_id"), metric, value) for r in report.get("rollouts") or []
+           for metric, value in non_finite_metrics(r).items()]
+    if bad:
+        rid, metric, value = bad[0]
+        rollouts = sorted({b[0] for b in bad})
+        return Check(FINITE_CHECK, False, rollout=rid, metric=metric,
+                     message=f"rollout {rid}: {metric} is {value} ({len(bad)} non-finite value(s) of "
+                     f"{'/'.join(FINITE_METRICS)} in rollouts {rollouts}): the training diverged")
+    return Check(FINITE_CHECK, True, message=f"{'/'.join(FINITE_METRICS)} finite on every rollout")
+
+
+def _memory_source(rollouts: list[dict], summary: dict) -> str:
+    first = next((m for r in rollouts for m in r.get("memory") or []), None) or summary.get("memory_peak") or {}
+    return "CUDA reserved" if first.get("peak_reserved_gib") is not None else "RSS"
+
+
+def _at_most(name: str, observed: float | None, limit: float, what: str) -> Check:
+    if number(observed) is None:
+        return Check(name, False, None, limit, message=f"{what}: not recorded by the run (nothing to check)")
+    passed = observed <= limit
+    return Check(name, passed, observed, limit,
+                 message=f"{what} {fmt(observed)} {'<=' if passed else '>'} {fmt(limit)}")
+
+
+def _at_least(name: str, observed: float | None, limit: float, what: str) -> Check:
+    if number(observed) is None:
+        return Check(name, False, None, limit, message=f"{what}: not recorded by the run (nothing to check)")
+    passed = observed >= limit
+    return Check(name, passed, observed, limit,
+                 message=f"{what} {fmt(observed)} {'>=' if passed else '<'} {fmt(limit)}")
+
+
+def compare_reports(report: dict, baseline: dict, metrics: list[str], rtol: float, atol: float) -> list[Check]:
+    """One ``baseline.<metric>`` check per metric over every rollout the run replayed: failed at the first
+    rollout whose value is not within ``atol + rtol * |baseline|`` (or that the baseline lacks)."""
+    rows = rollout_differences(report, baseline, metrics, rtol, atol)
+    replayed = len(report.get("rollouts") or [])
+    checks = []
+    for metric in metrics:
+        mine = [d for d in rows if d.metric == metric]
+        if not mine:
+            checks.append(Check(f"baseline.{metric}", False, metric=metric,
+                                message="the run replayed no rollout: nothing to compare with the baseline"))
+            continue
+        miss = next((d for d in mine if not d.within), None)
+        if miss is not None:
+            checks.append(Check(f"baseline.{metric}", False, miss.observed, miss.baseline, miss.rollout, metric,
+                                f"rollout {miss.rollout}: {metric} {miss.note}"))
+            continue
+        worst = max(mine, key=lambda d: d.abs_diff or 0.0)
+        checks.append(Check(f"baseline.{metric}", True, worst.observed, worst.baseline, metric=metric,
+                            message=f"{metric} within rtol {rtol:g} / atol {atol:g} of the baseline on all "
+                            f"{replayed} rollouts (largest difference {fmt(worst.abs_diff or 0.0)}, relative "
+                            f"{fmt_rel(worst.rel_diff)}, at rollout {worst.rollout})"))
+    return checks
+
+
+def first_failure(checks: list[Check]) -> Check | None:
+    """The first failed check (what a condition message names), or None when all passed."""
+    return next((c for c in checks if not c.passed), None)
+
+
+def failure_line(check: Check) -> str:
+    """A failed check as one line: ``baseline.loss: rollout 3: loss 0.51 vs baseline 0.5 (...)``."""
+    return f"{check.name}: {check.message}"

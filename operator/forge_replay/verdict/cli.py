@@ -1,0 +1,172 @@
+"""`forge-replay report compare|baseline`: compare two run reports, or turn one into a baseline ConfigMap.
+
+The comparison is :mod:`forge_replay.verdict.checks`', the one ``forge-replay run`` and the operator's verdict use;
+what a usable report is, :func:`forge_replay.verdict.reports.unusable_reason` says for every caller.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from forge_replay.api.models import ROLLOUT_METRICS, BaselineSpec
+from forge_replay.verdict.baseline import (
+    ANNOTATIONS_LIMIT, CONFIGMAP_LIMIT, applied_size, baseline_configmap, baseline_content, name_problems,
+    not_a_baseline, to_yaml,
+)
+from forge_replay.verdict.checks import compare_reports, first_failure
+from forge_replay.verdict.compare import fmt, fmt_rel, rollout_differences
+from forge_replay.verdict.identity import environment_differences, identity_differences
+from forge_replay.verdict.reports import BASELINE_KEY, ReportUnreadable, read_report, unusable_reason
+
+EXIT_OK, EXIT_DIFFERENT, EXIT_UNUSABLE = 0, 3, 2
+
+_DEFAULTS = BaselineSpec.model_fields
+
+
+@click.group()
+def report() -> None:
+    """Compare run reports (report.json) and turn one into a baseline ConfigMap for spec.expect.baseline."""
+
+
+def tolerances(metrics: tuple[str, ...], rtol: float, atol: float) -> tuple[BaselineSpec | None, list[str]]:
+    """The options as spec.expect.baseline's model validates them (finite tolerances >= 0, known metrics, at
+    least one): the spec, or the problems, each naming its option."""
+    from pydantic import ValidationError
+
+    fields: dict = {"rtol": rtol, "atol": atol}
+    if metrics:
+        fields["metrics"] = [m.strip() for item in metrics for m in item.split(",") if m.strip()]
+    try:
+        return BaselineSpec.model_validate(fields), []
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            option = f"--{error['loc'][0]}" if error["loc"] else "options"
+            value = fields.get(error["loc"][0]) if error["loc"] else None
+            if option == "--metrics" and isinstance(value, list) and len(error["loc"]) > 1:
+                value = value[error["loc"][1]]
+                message = f"not a per-rollout metric ({', '.join(ROLLOUT_METRICS)})"
+            elif option == "--metrics" and not value:
+                message = "names no metric (give at least one, or leave --metrics out for the default)"
+            else:
+                message = error["msg"]
+            problems.append(f"{option} {value!r}: {message}")
+        return None, problems
+
+
+@report.command()
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("--metrics", multiple=True, metavar="NAME[,NAME]",
+              help=f"Per-rollout metrics to compare (default {','.join(_DEFAULTS['metrics'].default_factory())}); "
+              f"any of {', '.join(ROLLOUT_METRICS)}.")
+@click.option("--rtol", type=float, default=_DEFAULTS["rtol"].default, show_default=True,
+              help="Relative tolerance: |A - B| <= atol + rtol * |B| (finite, >= 0).")
+@click.option("--atol", type=float, default=_DEFAULTS["atol"].default, show_default=True,
+              help="Absolute tolerance (finite, >= 0).")
+@click.option("--allow-different", is_flag=True,
+              help="Compare even when A and B replayed another mode or model (warned, not failed).")
+def compare(a: str, b: str, metrics: tuple[str, ...], rtol: float, atol: float, allow_different: bool) -> None:
+    """Compare report A (a run) with report B (its baseline) rollout by rollout.
+
+    Prints each rollout's metrics in both, their difference and relative difference, and warns when the two
+    recorded another job, dumps, trainer settings, seed, versions, device, world size, thread settings or
+    deterministic settings. Exit status: 0 every rollout of A is within the tolerances of B; 3 one is not, B has
+    no entry for it, or A and B replayed another mode or model (without --allow-different); 2 a report cannot be
+    read or is not usable (a run that did not finish, stopped early, has non-finite values, failed its own
+    expectations or names no job), or an option is bad.
+    """
+    err = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    spec, problems = tolerances(metrics, rtol, atol)
+    docs = []
+    for side, path in (("A", a), ("B", b)):
+        try:
+            docs.append(read_report(path))
+        except ReportUnreadable as exc:
+            problems.append(f"{side}: {exc}")
+            continue
+        why = unusable_reason(docs[-1])
+        if why:
+            problems.append(f"{side}: {path}: not usable for a comparison: {why}")
+    if problems:
+        for line in problems:
+            err(line)
+        sys.exit(EXIT_UNUSABLE)
+    run, base = docs
+    names, rtol, atol = list(spec.metrics), spec.rtol, spec.atol
+    blocking, warnings = identity_differences(run, base)
+    for line in (blocking if allow_different else []) + warnings + environment_differences(run, base):
+        err(f"warning: {line}")
+    from rich.console import Console
+
+    Console().print(_table(a, b, run, base, names, rtol, atol))
+    extra = sorted({r["rollout_id"] for r in base["rollouts"]} - {r["rollout_id"] for r in run["rollouts"]})
+    if extra:
+        click.echo(f"{b} also holds rollouts {extra}, which {a} did not replay (not compared)")
+    if blocking and not allow_different:
+        err(f"{a} and {b} are not runs of one job: {'; '.join(blocking)} (--allow-different compares anyway)")
+        sys.exit(EXIT_DIFFERENT)
+    miss = first_failure(compare_reports(run, base, names, rtol, atol))
+    if miss is None:
+        click.echo(f"{a} matches {b}: {', '.join(names)} within rtol {rtol:g} / atol {atol:g} "
+                   f"on all {len(run['rollouts'])} rollouts")
+        return
+    err(f"{a} differs from {b}: {miss.name}: {miss.message}")
+    sys.exit(EXIT_DIFFERENT)
+
+
+def _table(a: str, b: str, run: dict, base: dict, names: list[str], rtol: float, atol: float):
+    """One row per rollout and metric: A, B, |A - B|, |A - B| / |B|, and whether it is within the tolerances."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"A {a}\nB {b}", show_edge=False)
+    for column in ("rollout", "metric", "A", "B", "|A-B|", "rel"):
+        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
+    table.add_column("")
+    for d in rollout_differences(run, base, names, rtol, atol):
+        table.add_row(str(d.rollout), d.metric, fmt(d.observed), fmt(d.baseline), fmt(d.abs_diff),
+                      fmt_rel(d.rel_diff), Text("ok", style="green") if d.within else Text("DIFFERS", style="bold red"))
+    return table
+
+
+@report.command()
+@click.argument("report_file", metavar="REPORT.json", type=click.Path(dir_okay=False))
+@click.option("--name", required=True, help="The ConfigMap's name (spec.expect.baseline.configMapName).")
+@click.option("--namespace", default=None, help="Its namespace (default: none written, kubectl's or Argo CD's).")
+def baseline(report_file: str, name: str, namespace: str | None) -> None:
+    """Print a ConfigMap holding what a comparison needs of REPORT.json (data key report.json: its verdict fields,
+    identity, environment and per-rollout metrics), ready to commit to Git.
+
+    Refused (exit 2): a report that cannot be read or is not usable (a run that did not finish, stopped early,
+    has non-finite values, failed its own expectations or names no job), a name or namespace the API server
+    refuses, or a baseline over the 1 MiB a ConfigMap holds (put the report on a PVC and use
+    spec.expect.baseline.claimName + path). One over 256 KiB is printed with a warning: apply it server-side.
+    """
+    err = lambda msg: click.echo(msg, err=True)  # noqa: E731
+    problems = name_problems(name, namespace)
+    try:
+        doc = read_report(report_file)
+    except ReportUnreadable as exc:
+        problems.append(str(exc))
+    else:
+        problem = not_a_baseline(doc, report_file)
+        if problem:
+            problems.append(problem)
+    if problems:
+        for line in problems:
+            err(line)
+        sys.exit(EXIT_UNUSABLE)
+    configmap = baseline_configmap(baseline_content(doc, ROLLOUT_METRICS), name, namespace)
+    size = len(configmap["data"][BASELINE_KEY].encode("utf-8"))
+    if size > CONFIGMAP_LIMIT - 4096:
+        err(f"{report_file}: its baseline is {size} bytes, more than a ConfigMap holds (1 MiB); copy the report to a "
+            "PVC and use spec.expect.baseline.claimName + path")
+        sys.exit(EXIT_UNUSABLE)
+    if applied_size(configmap) > ANNOTATIONS_LIMIT - 4096:
+        err(f"warning: {name}: {applied_size(configmap)} bytes, over what client-side `kubectl apply` can record in "
+            "its last-applied annotation (256 KiB): apply it server-side (kubectl apply --server-side; Argo CD "
+            "ServerSideApply=true; Flux always does)")
+    click.echo(to_yaml(configmap), nl=False)
