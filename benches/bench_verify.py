@@ -165,7 +165,8 @@ def bench_startup(workdir: str, repeats: int) -> dict:
     over, cpu_over = wall[verify_label] - wall[torch_label], cpu[verify_label] - cpu[torch_label]
     print(f"[start-up] dumps verify - import torch = {over:+.2f} s (CPU {cpu_over:+.2f} s)", flush=True)
     return {"seconds": {k: round(v, 3) for k, v in wall.items()},
-            "cpu_seconds": {k: round(v, 3) for k, v in cpu.items()}, "over_import_torch": round(over, 3), "over_import_torch_cpu": round(cpu_over, 3)}
+            "cpu_seconds": {k: round(v, 3) for k, v in cpu.items()}, "over_import_torch": round(over, 3),
+            "over_import_torch_cpu": round(cpu_over, 3)}
 
 
 def main() -> int:

@@ -131,8 +131,9 @@ class VerifyReport:
         }
 
     def preflight(self) -> dict:
-        """What a pre-flight did, for report.json's ``preflight`` and its log line: files verified here (by ``workers``
-        processes) and trusted from the verify record, the seconds it took, the record, and why it was not used (``note``)."""
+        """What a pre-flight did, for report.json's ``preflight`` and its log line: files verified here (by
+        ``workers`` processes) and trusted from the verify record, the seconds it took, the record, and why it was
+        not used (``note``)."""
         return {"verified": len(self.verified), "trusted": len(self.trusted), "seconds": round(self.seconds, 3),
                 "workers": self.workers,
                 "record": self.record, "note": self.record_note,
@@ -360,8 +361,8 @@ def worker_count(jobs: int, files: int, largest_bytes: int, available_bytes: int
     fits = max(1, available_bytes // (LOADED_BYTES_PER_FILE_BYTE * largest_bytes))
     if fits >= workers:
         return workers, ""
-    return fits, (f"verify ran {fits} worker(s), not {workers}: the {available_bytes / 2**30:.1f} GiB of memory available"
-                  f" hold about {fits} of the largest dump ({largest_bytes / 1e6:.0f} MB, about"
+    return fits, (f"verify ran {fits} worker(s), not {workers}: the {available_bytes / 2**30:.1f} GiB of memory"
+                  f" available hold about {fits} of the largest dump ({largest_bytes / 1e6:.0f} MB, about"
                   f" {LOADED_BYTES_PER_FILE_BYTE}x that once loaded)")
 
 
@@ -373,8 +374,9 @@ def available_memory() -> int | None:
     for line in meminfo.splitlines():
         if line.startswith("MemAvailable:") and line.split()[1].isdigit():
             found.append(int(line.split()[1]) * 1024)
+    v1 = "/sys/fs/cgroup/memory/memory."
     for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+                         (f"{v1}limit_in_bytes", f"{v1}usage_in_bytes")):
         limit_text, usage_text = (_read(limit) or "").strip(), (_read(usage) or "").strip()
         if limit_text.isdigit() and usage_text.isdigit():
             found.append(max(0, int(limit_text) - int(usage_text)))

@@ -185,7 +185,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     fallback used), memory.png and progress.json to the results folder and prints a table.
     Exit status: 0 success; 1 the run failed (missing dump, bad sample, trainer error);
     2 FILE is unusable (unreadable, invalid spec, a dumps root or model folder that does not exist, dumps that verify
-    refused, forge mode without sglang or --engine-command), or the results folder is (not writable, or in use by another run, which is named);
+    refused, forge mode without sglang or --engine-command), or the results folder is (not writable, or in use by
+    another run, which is named);
     3 the run finished but an expectation of spec.expect failed (a verdict table follows the run's; a run over
     maxPeakMemoryGiB is stopped after the step that went over);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
