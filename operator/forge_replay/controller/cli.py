@@ -154,23 +154,27 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
     reconciler = Reconciler(kube, settings)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
+    # kopf waits for a threading.Event stop flag in a thread of its event loop's executor, and closing the loop joins
+    # that thread: the cleanup handler sets the flag on every stop (handlers.stop), or a SIGTERM'd operator would
+    # hang until kopf's own SIGKILL ten minutes later (Kubernetes' grace period kills it first, after 30 s).
     stop_flag = threading.Event()
+    lease_lost = threading.Event()
     if settings.leader_election_namespace:
-        _lead(kube, settings, stop_flag)
+        _lead(kube, settings, lambda: (lease_lost.set(), stop_flag.set()))
     kopf.run(
         standalone=True,  # no kopf peering: the Lease (when configured) decides who acts
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(settings=settings, reconciler=reconciler),
+        memo=kopf.Memo(settings=settings, reconciler=reconciler, stop_flag=stop_flag),
         stop_flag=stop_flag,
     )
-    if stop_flag.is_set() and settings.leader_election_namespace:
+    if lease_lost.is_set():
         raise SystemExit("lost the leader Lease: exiting so that a fresh process queues for it")
 
 
-def _lead(kube, settings: OperatorSettings, stop_flag: threading.Event) -> None:
-    """Block until this replica holds the Lease; then keep it, and stop kopf if it is lost."""
+def _lead(kube, settings: OperatorSettings, on_lost) -> None:
+    """Block until this replica holds the Lease; then keep it, and call ``on_lost`` (stop kopf) if it is lost."""
     import os
     import socket
 
@@ -179,7 +183,7 @@ def _lead(kube, settings: OperatorSettings, stop_flag: threading.Event) -> None:
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
     elector = LeaderElector(
         kube, settings.leader_election_namespace, settings.leader_election_name, identity,
-        lease_seconds=settings.lease_seconds, renew_seconds=settings.lease_seconds / 3, on_lost=stop_flag.set,
+        lease_seconds=settings.lease_seconds, renew_seconds=settings.lease_seconds / 3, on_lost=on_lost,
     )
     standby = _standby_liveness(settings.liveness_endpoint)  # a waiting replica is alive, not stuck
     try:

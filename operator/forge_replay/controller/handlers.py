@@ -71,10 +71,10 @@ def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
 
 @kopf.on.cleanup()
 def stop(memo: Any, **_: Any) -> None:
-    """Stop the resync thread."""
-    stopper = memo.get("resync_stop")
-    if stopper is not None:
-        stopper.set()
+    """Stop the resync thread, and raise kopf's stop flag so that the thread waiting on it ends (see run_operator)."""
+    for flag in ("resync_stop", "stop_flag"):
+        if memo.get(flag) is not None:
+            memo[flag].set()
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL, backoff=5)
