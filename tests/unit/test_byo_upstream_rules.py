@@ -344,6 +344,16 @@ def test_run_says_the_same_notes_before_anything_runs(tmp_path) -> None:
     assert any("note: spec.trainer.gpusPerNode 0 injects --actor-num-gpus-per-node 0" in line for line in said), said
 
 
+def test_run_with_a_missing_dumps_root_is_unusable_input_as_for_the_builtin_trainer(tmp_path) -> None:
+    from forge_replay.backends.local import run_cli
+
+    job = parse_job(byo_job("slime", "debug"))
+    (tmp_path / job.spec.trainer.script).write_text("")
+    said: list[str] = []
+    assert run_cli("job.yaml", job, str(tmp_path), str(tmp_path / "none"), "results", False, said.append) == 2
+    assert any(f"dumps root {tmp_path / 'none'} does not exist" in line for line in said), said
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_stand_in_refuses_what_the_frameworks_refuse(backend: str) -> None:
     """tests/byo/train.py follows the data: a missing required flag exits 2 as argparse does; --eval-interval without

@@ -162,9 +162,9 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
         except _Unusable as exc:
             err(f"{file}: {exc}")
             return EXIT_UNUSABLE
-    elif not Path(dumps_root).is_dir():
+    elif not Path(dumps_root).is_dir():  # unusable input, as for the builtin trainer (runtime.cli.missing_input)
         err(f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing")
-        return EXIT_FAILED
+        return EXIT_UNUSABLE
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")
