@@ -183,7 +183,11 @@ def test_verify_success_launches_the_rayjob(control_plane, operator, api, namesp
 def test_spec_change_after_launch_is_refused_but_suspend_propagates(control_plane, operator, api,
                                                                      namespace) -> None:
     apply(control_plane, job_doc("frozen", namespace))
-    before = wait_for("the RayJob", lambda: api.rayjob(namespace, "frozen"))
+    # KubeRay's first reconcile adds its finalizer with an Update of the whole object, which can bump the generation
+    # (seen under load in a parallel run): compare from after KubeRay has taken the RayJob.
+    before = wait_for("the RayJob as KubeRay has taken it",
+                      lambda: (r := api.rayjob(namespace, "frozen")) and (r.get("status") or {}).get(
+                          "jobDeploymentStatus") and r)
     # the API server refuses this (tests/cluster/test_operator_platform.py); the operator's own refusal is the backstop
     change_behind_the_api_servers_back(control_plane, api, job_doc("frozen", namespace,
                                                                    trainer={"nodes": 2, "gpusPerNode": 1}))
