@@ -56,7 +56,8 @@ class RecordedRun:
     report: dict = field(default_factory=dict)
 
 
-def run_forge_job(work: Path, name: str, extra: dict) -> RecordedRun:
+def start_forge_job(work: Path, name: str, extra: dict) -> subprocess.Popen:
+    """Start one ``forge-replay run`` of the tiny forge job against the double; :func:`collect_run` reads it."""
     rollout = {"numGpus": 2, "numGpusPerEngine": 1, "weightSync": extra["weightSync"],
                "engineArgs": {"mem-fraction-static": "0.5", "context-length": "256"}}
     spec = {
@@ -77,8 +78,21 @@ def run_forge_job(work: Path, name: str, extra: dict) -> RecordedRun:
     argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--synth-missing", "--no-progress",
             "--dumps-root", str(work / "dumps"), "--results", str(work / "results"),
             "--engine-command", f"{sys.executable} {DOUBLE} --record-dir {double}"]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=work)
-    run = RecordedRun(result)
+    # Output to files, not pipes: a run that is not being read must not block on a full pipe.
+    with open(work / "stdout.log", "w") as stdout, open(work / "stderr.log", "w") as stderr:
+        return subprocess.Popen(argv, stdout=stdout, stderr=stderr, cwd=work)
+
+
+def collect_run(work: Path, process: subprocess.Popen, timeout: float = 600) -> RecordedRun:
+    """Wait for a run of :func:`start_forge_job` and read what the engines were started with and sent."""
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    stdout, stderr = ((work / name).read_text(errors="replace") for name in ("stdout.log", "stderr.log"))
+    run = RecordedRun(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    double = work / "double"
     for starts in sorted(double.glob("starts-*.jsonl")):
         port = int(starts.stem.split("-")[1])
         calls = double / f"calls-{port}.jsonl"
@@ -93,6 +107,8 @@ def run_forge_job(work: Path, name: str, extra: dict) -> RecordedRun:
 
 @pytest.fixture(scope="session")
 def recorded_runs(tmp_path_factory) -> dict[str, RecordedRun]:
-    """The :data:`RECORDED_RUNS`, each run once per session (a minute or two each on CPU)."""
+    """The :data:`RECORDED_RUNS`, each run once per session, side by side (each spends most of its minute waiting
+    on Ray's and the engines' start-up)."""
     base = tmp_path_factory.mktemp("recorded-runs")
-    return {name: run_forge_job(base / name, name, extra) for name, extra in RECORDED_RUNS.items()}
+    started = {name: start_forge_job(base / name, name, extra) for name, extra in RECORDED_RUNS.items()}
+    return {name: collect_run(base / name, process) for name, process in started.items()}
