@@ -199,8 +199,3 @@ def compare_reports(report: dict, baseline: dict, metrics: list[str], rtol: floa
 def first_failure(checks: list[Check]) -> Check | None:
     """The first failed check (what a condition message names), or None when all passed."""
     return next((c for c in checks if not c.passed), None)
-
-
-def failure_line(check: Check) -> str:
-    """A failed check as one line: ``baseline.loss: rollout 3: loss 0.51 vs baseline 0.5 (...)``."""
-    return f"{check.name}: {check.message}"
