@@ -30,7 +30,7 @@ from typing import Any
 from forge_replay.backends import BACKENDS
 from forge_replay.backends.probe import memory_peak
 from forge_replay.runtime.results import write_atomically
-from forge_replay.verdict.checks import Limits, check_report
+from forge_replay.verdict.checks import Limits, check_report, unmet_line
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PROGRESS_KEY = "progress.json"  # forge_replay.api.progress.PROGRESS_KEY (a test keeps them equal)
@@ -78,15 +78,6 @@ def report(job: str, backend: str, script: str, exit_code: int, total: int, peak
     return document
 
 
-def unmet(document: dict[str, Any]) -> str:
-    """The first failed expectation of a report as one line, or "" when none failed."""
-    failed = [c for c in document.get("expectations") or [] if not c["passed"]]
-    if not failed:
-        return ""
-    return (f"{len(failed)} of {len(document['expectations'])} expectation(s) not met; first: {failed[0]['name']}: "
-            f"{failed[0]['message']}")
-
-
 def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | None,
              finished_at: str, expectations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """progress.json (``api.progress.ProgressReport``, camelCase) once the script has ended. The script trained
@@ -95,7 +86,7 @@ def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | Non
     fails the result when a check failed."""
     phase, message = outcome(exit_code, script)
     completed = total if phase == "Succeeded" else 0
-    why = unmet({"expectations": expectations})
+    why = unmet_line(expectations)
     if why:
         phase, message = "Failed", why
     result: dict[str, Any] = {"phase": phase, "message": message, "finishedAt": finished_at}

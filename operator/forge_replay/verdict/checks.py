@@ -199,3 +199,13 @@ def compare_reports(report: dict, baseline: dict, metrics: list[str], rtol: floa
 def first_failure(checks: list[Check]) -> Check | None:
     """The first failed check (what a condition message names), or None when all passed."""
     return next((c for c in checks if not c.passed), None)
+
+
+def unmet_line(expectations: list[dict] | None) -> str | None:
+    """One line naming the first failed check of report.json's ``expectations``, or None when every one passed (or
+    none was asked for): ``forge-replay run`` exits 3 on it, the runtime and the publish step fail the job."""
+    failed = [c for c in expectations or [] if not c["passed"]]
+    if not failed:
+        return None
+    return (f"{len(failed)} of {len(expectations)} expectation(s) not met; first: {failed[0]['name']}: "
+            f"{failed[0]['message']}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from forge_replay.verdict.checks import Check, check_report
+from forge_replay.verdict.checks import Check, check_report, unmet_line
 from forge_replay.verdict.compare import fmt
 from forge_replay.verdict.identity import environment_differences, identity_differences, identity_of
 from forge_replay.verdict.reports import ReportUnreadable, read_usable
@@ -78,12 +78,7 @@ def verdict(report: dict, spec, baseline_path: str | None) -> tuple[list[Check],
 def unmet(report) -> str | None:
     """One line naming the first failed expectation of a finished run's report (``RunReport``), or None when every
     expectation was met (or none was asked for): the CLI exits 3 and the in-cluster runtime fails on it."""
-    failed = [c for c in report.expectations or [] if not c["passed"]]
-    if not failed:
-        return None
-    first = failed[0]
-    return (f"{len(failed)} of {len(report.expectations)} expectation(s) not met; first: {first['name']}: "
-            f"{first['message']}")
+    return unmet_line(report.expectations)
 
 
 def render_verdict(checks: list[dict]):
