@@ -11,7 +11,7 @@ import logging
 
 from forge_replay.verdict.checks import Check, check_report, unmet_line
 from forge_replay.verdict.compare import fmt
-from forge_replay.verdict.identity import environment_differences, identity_differences, identity_of
+from forge_replay.verdict.identity import another_job, environment_differences, identity_differences, identity_of
 from forge_replay.verdict.reports import ReportUnreadable, read_usable
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,8 @@ def baseline_problem(path: str | None, spec) -> str | None:
         baseline = read_usable(path)
     except ReportUnreadable as exc:
         return f"baseline {exc}"
-    blocking, _ = identity_differences({"identity": identity_of("", spec)}, baseline)
-    if blocking and not spec.expect.baseline.allow_different:  # the run would fail baseline.identity: say it now
-        return (f"baseline {path} is of another job: {'; '.join(blocking)} (spec.expect.baseline.allowDifferent: "
-                "true compares anyway)")
-    return None
+    other = another_job({"identity": identity_of("", spec)}, baseline, spec.expect.baseline.allow_different)
+    return f"baseline {path} is of another job: {other}" if other else None  # it would fail baseline.identity
 
 
 def unusable_baseline(spec, baseline_path: str | None) -> list[dict] | None:
