@@ -28,7 +28,7 @@ from forge_replay.dumps.files import load
 from forge_replay.dumps.model_limits import limits_from_dict, positive_limit
 from forge_replay.dumps.safe_pickle import DumpError
 from forge_replay.dumps.sample import Sample, SampleError
-from forge_replay.dumps.verify_record import record_key
+from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
 
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
@@ -465,7 +465,6 @@ def verify_dumps(
     Raises ValueError for an invalid template or counts, VerifyWorkerDied when a worker process dies.
     """
     from forge_replay.dumps.bounds import default_limits
-    from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
 
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
