@@ -30,7 +30,7 @@ from typing import Any
 from forge_replay.backends import BACKENDS
 from forge_replay.backends.probe import memory_peak
 from forge_replay.runtime.results import write_atomically
-from forge_replay.verdict.checks import Limits, check_report, unmet_line
+from forge_replay.verdict.checks import Check, Limits, check_report, unmet_line
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PROGRESS_KEY = "progress.json"  # forge_replay.api.progress.PROGRESS_KEY (a test keeps them equal)
@@ -91,8 +91,6 @@ def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | Non
         phase, message = "Failed", why
     result: dict[str, Any] = {"phase": phase, "message": message, "finishedAt": finished_at}
     if expectations is not None:
-        from forge_replay.verdict.checks import Check
-
         result["expectations"] = [Check(**c).to_status() for c in expectations]
     document: dict[str, Any] = {"completed": completed, "total": total, "updatedAt": finished_at, "result": result}
     memory = progress_memory(peak)
