@@ -23,13 +23,12 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from forge_replay.backends import BACKENDS
 from forge_replay.backends.probe import memory_peak
-from forge_replay.runtime.results import write_atomically
+from forge_replay.runtime.results import now_rfc3339, write_atomically
 from forge_replay.verdict.checks import Check, Limits, check_report, unmet_line
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -40,10 +39,6 @@ PROBE_FOLDER = "probe"
 _CAMEL = {"source": "source", "peak_allocated_gib": "peakAllocatedGiB", "peak_reserved_gib": "peakReservedGiB",
           "peak_rss_gib": "peakRssGiB", "rank": "rank", "host": "host", "pid": "pid", "device": "device",
           "processes": "processes"}
-
-
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def progress_memory(peak: dict[str, Any] | None) -> dict[str, Any] | None:
