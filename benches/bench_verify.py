@@ -69,6 +69,18 @@ def timed(fn) -> tuple[float, float]:
     return seconds, cpu
 
 
+def best_of(repeats: int, runs: dict, measure) -> tuple[dict[str, float], dict[str, float]]:
+    """The least wall and CPU seconds of each of ``runs`` over ``repeats`` rounds (``measure(run)``: both)."""
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for _ in range(repeats):
+        for label, run in runs.items():
+            seconds, cpu_seconds = measure(run)
+            wall[label] = min(seconds, wall.get(label, seconds))
+            cpu[label] = min(cpu_seconds, cpu.get(label, cpu_seconds))
+    return wall, cpu
+
+
 def read_all(paths: list[str]) -> int:
     total = 0
     for path in paths:
@@ -107,13 +119,7 @@ def bench_shape(name: str, count: int, workdir: str, repeats: int, jobs: int) ->
     }
     if jobs > 1:
         methods[f"verify, {jobs} workers"] = verify(root, count, jobs)
-    wall: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    for _ in range(repeats):
-        for label, fn in methods.items():
-            seconds, cpu_seconds = timed(fn)
-            wall[label] = min(seconds, wall.get(label, seconds))
-            cpu[label] = min(cpu_seconds, cpu.get(label, cpu_seconds))
+    wall, cpu = best_of(repeats, methods, timed)
     for label in methods:
         print(f"[{name}] {label:42} {wall[label] / gigabytes:8.3f} s/GB  (CPU {cpu[label] / gigabytes:.3f} s/GB)",
               flush=True)
@@ -152,13 +158,7 @@ def bench_startup(workdir: str, repeats: int) -> dict:
             "--path", "rollout_{rollout_id}.pt", "--num-rollouts", "1", "--no-reward-key", "--jobs", "1",
             "--model-config", json.dumps(MODEL_CONFIG)],
     }
-    wall: dict[str, float] = {}
-    cpu: dict[str, float] = {}
-    for _ in range(repeats):
-        for label, argv in runs.items():
-            seconds, cpu_seconds = child_seconds(argv)
-            wall[label] = min(seconds, wall.get(label, seconds))
-            cpu[label] = min(cpu_seconds, cpu.get(label, cpu_seconds))
+    wall, cpu = best_of(repeats, runs, child_seconds)
     for label in runs:
         print(f"[start-up] {label:52} {wall[label]:6.2f} s  (CPU {cpu[label]:.2f} s)", flush=True)
     torch_label, verify_label = runs

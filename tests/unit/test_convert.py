@@ -145,6 +145,8 @@ GARBAGE = {
     "nan log prob": (lambda s: setattr(s, "rollout_log_probs", [-0.1, float("nan"), -0.3]), "rollout_log_probs", "value 1 is nan"),
     "+1e30 log prob": (lambda s: setattr(s, "rollout_log_probs", [1e30, -0.2, -0.3]), "rollout_log_probs", "value 0 is 1e+30"),
     "-1e30 log prob": (lambda s: setattr(s, "rollout_log_probs", [-0.1, -0.2, -1e30]), "rollout_log_probs", "value 2 is -1e+30"),
+    "log prob 10**400": (lambda s: setattr(s, "rollout_log_probs", [-0.1, -0.2, 10**400]), "rollout_log_probs",
+                         "value 2 is 1000000"),
     "string log prob": (lambda s: setattr(s, "rollout_log_probs", [-0.1, "x", -0.3]), "rollout_log_probs", "value 1 is 'x'"),
     "reward 10**400": (lambda s: setattr(s, "reward", 10**400), "reward", "is not a finite number"),
     "reward inf": (lambda s: setattr(s, "reward", float("inf")), "reward", "inf is not a finite number"),

@@ -135,6 +135,9 @@ def test_verify_with_the_job_settings_refuses_each_kind_of_bad_data(tmp_path):
     masks = _samples()
     masks[1].loss_mask = [1, 0]
     assert f"{where} 'loss_mask': has length 2, expected response_length=6" in refusal(masks, good)
+    huge = _samples()
+    huge[1].rollout_log_probs = [-0.1] * 5 + [10**400]  # beyond float range: float() alone would raise OverflowError
+    assert f"{where} 'rollout_log_probs': value 5 is 1000000" in refusal(huge, good)
     # without the job's settings (a bare `dumps verify`) dict rewards and positions are not judged
     assert verify_dumps(str(tmp_path), "rollout_{rollout_id}.pt", 2).checks[1].status == "unreadable"  # masks
     save(tmp_path / "rollout_1.pt", 1, keyed)

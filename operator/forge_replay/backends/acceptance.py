@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from forge_replay.backends import flag_table
+from forge_replay.backends import flag_of, flag_table
 from forge_replay.backends.rules import flag_value, sets_flag, upstream_rule
 
 
@@ -58,7 +58,7 @@ class UpstreamSettings:
             rewards_normalization=not sets_flag(list(args), "--disable-rewards-normalization"),
             n_samples_per_prompt=integer("--n-samples-per-prompt") or 1,
             rollout_batch_size=integer("--rollout-batch-size"),
-            given=frozenset(flag for a in args if a.startswith("--") for flag in [a.split("=", 1)[0]]),
+            given=frozenset(filter(None, map(flag_of, args))),
         )
 
 

@@ -175,8 +175,8 @@ def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, resu
 
 def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], None]) -> int:
     """0, or 3 (``run``'s status for an unmet spec.expect) when the publish step's verdict failed or is missing."""
-    from forge_replay.backends.publish import unmet
     from forge_replay.runtime.cli import EXIT_EXPECTATIONS, EXIT_OK
+    from forge_replay.verdict.checks import unmet_line
 
     if spec.expect is None:
         return EXIT_OK
@@ -185,7 +185,8 @@ def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], N
     except (OSError, ValueError) as exc:
         err(f"forge-replay run {file}: spec.expect not checked: no readable report.json in {results_dir} ({exc})")
         return EXIT_EXPECTATIONS
-    why = unmet(document) if document.get("expectations") is not None else "the run recorded no verdict"
+    expectations = document.get("expectations")
+    why = "the run recorded no verdict" if expectations is None else unmet_line(expectations)
     if why:
         err(f"forge-replay run {file}: {why}")
         return EXIT_EXPECTATIONS

@@ -23,14 +23,13 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from forge_replay.backends import BACKENDS
 from forge_replay.backends.probe import memory_peak
-from forge_replay.runtime.results import write_atomically
-from forge_replay.verdict.checks import Limits, check_report
+from forge_replay.runtime.results import now_rfc3339, write_atomically
+from forge_replay.verdict.checks import Check, Limits, check_report, unmet_line
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PROGRESS_KEY = "progress.json"  # forge_replay.api.progress.PROGRESS_KEY (a test keeps them equal)
@@ -40,10 +39,6 @@ PROBE_FOLDER = "probe"
 _CAMEL = {"source": "source", "peak_allocated_gib": "peakAllocatedGiB", "peak_reserved_gib": "peakReservedGiB",
           "peak_rss_gib": "peakRssGiB", "rank": "rank", "host": "host", "pid": "pid", "device": "device",
           "processes": "processes"}
-
-
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def progress_memory(peak: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -78,15 +73,6 @@ def report(job: str, backend: str, script: str, exit_code: int, total: int, peak
     return document
 
 
-def unmet(document: dict[str, Any]) -> str:
-    """The first failed expectation of a report as one line, or "" when none failed."""
-    failed = [c for c in document.get("expectations") or [] if not c["passed"]]
-    if not failed:
-        return ""
-    return (f"{len(failed)} of {len(document['expectations'])} expectation(s) not met; first: {failed[0]['name']}: "
-            f"{failed[0]['message']}")
-
-
 def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | None,
              finished_at: str, expectations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """progress.json (``api.progress.ProgressReport``, camelCase) once the script has ended. The script trained
@@ -95,13 +81,11 @@ def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | Non
     fails the result when a check failed."""
     phase, message = outcome(exit_code, script)
     completed = total if phase == "Succeeded" else 0
-    why = unmet({"expectations": expectations})
+    why = unmet_line(expectations)
     if why:
         phase, message = "Failed", why
     result: dict[str, Any] = {"phase": phase, "message": message, "finishedAt": finished_at}
     if expectations is not None:
-        from forge_replay.verdict.checks import Check
-
         result["expectations"] = [Check(**c).to_status() for c in expectations]
     document: dict[str, Any] = {"completed": completed, "total": total, "updatedAt": finished_at, "result": result}
     memory = progress_memory(peak)

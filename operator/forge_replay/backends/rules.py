@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from forge_replay.backends import flag_of, flag_table, required_flags
+
 RULE_IDS = (
     "eval-needs-datasets", "debug-skips-eval", "eval-before-train", "global-dataset", "upstream-debug-loader",
     "upstream-forge-loader", "reward-key-needs-dict", "rollout-shares-reward", "world-size",
@@ -70,7 +72,7 @@ def upstream_rules(backend: str) -> list[UpstreamRule]:
 
 def sets_flag(args: list[str] | tuple[str, ...], flag: str) -> bool:
     """Whether an item of ``args`` sets ``flag`` (``--f`` or ``--f=v``)."""
-    return any(a == flag or a.startswith(flag + "=") for a in args)
+    return any(flag_of(a) == flag for a in args)
 
 
 def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
@@ -89,8 +91,6 @@ def argv_problems(backend: str, argv: list[str]) -> list[str]:
     a required flag missing, ``--eval-interval`` without eval datasets, or a data source that would load prompt data
     the argv does not give. Empty when the argv meets every rule. Flags Megatron declares are not in the tables, so
     an unknown flag is not a problem here."""
-    from forge_replay.backends import flag_table, required_flags
-
     table = flag_table(backend)
     problems = [f"{flag} is required ({table.file}:{table.options[flag]['line']})"
                 for flag in required_flags(backend) if not sets_flag(argv, flag)]

@@ -199,8 +199,9 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
     elif model.path:
         command += ["--model", f"{paths.MODEL_MOUNT}/{model.path}"]
     command += ["--jobs", str(replay.verify_resources.cpus)]  # one worker per CPU it requests
-    if _verify_record(job):
-        command += ["--record", _verify_record(job)]
+    record = _verify_record(job)
+    if record:
+        command += ["--record", record]
     return command
 
 

@@ -162,12 +162,15 @@ def _log_probs(sample: Sample, index: int, response_length: int) -> list[float] 
         raise SampleError(index, "rollout_log_probs", f"value {position} is {quote(bad)}; log probs are numbers")
     # A copy either way (the sample keeps its own list); list() of floats is a C-level copy, float() per value is
     # the costliest step of a verify when every value is a float already (as slime writes them).
-    values = list(value) if types <= {float} else [float(v) for v in value]
-    if values and not (LOG_PROB_MIN <= min(values) and max(values) <= LOG_PROB_MAX and math.isfinite(sum(values))):
-        position, bad = next((i, v) for i, v in enumerate(values) if not LOG_PROB_MIN <= v <= LOG_PROB_MAX)
-        raise SampleError(
-            index, "rollout_log_probs", f"value {position} is {bad!r}; log probs are in [{LOG_PROB_MIN:g}, {LOG_PROB_MAX:g}]"
-        )
+    try:
+        values = list(value) if types <= {float} else [float(v) for v in value]
+    except OverflowError:  # an int beyond float range (10**400): out of range, refused below like any other
+        values = None
+    if values is None or (values and not (
+            LOG_PROB_MIN <= min(values) and max(values) <= LOG_PROB_MAX and math.isfinite(sum(values)))):
+        position, bad = next((i, v) for i, v in enumerate(value) if not LOG_PROB_MIN <= v <= LOG_PROB_MAX)
+        raise SampleError(index, "rollout_log_probs",
+                          f"value {position} is {quote(bad)}; log probs are in [{LOG_PROB_MIN:g}, {LOG_PROB_MAX:g}]")
     return values
 
 

@@ -87,9 +87,10 @@ def limits_from_dict(config: dict[str, Any]) -> ModelLimits | None:
     vocab_default, positions_default = TYPE_DEFAULTS[model_type]
     alias = POSITION_ALIASES.get(model_type)
     positions_key = alias if alias and alias in config else "max_position_embeddings"
-    return ModelLimits(_positive(config.get("vocab_size", vocab_default)),
-                       _positive(config.get(positions_key, positions_default)))
+    return ModelLimits(positive_limit(config.get("vocab_size", vocab_default)),
+                       positive_limit(config.get(positions_key, positions_default)))
 
 
-def _positive(value: Any) -> int | None:
+def positive_limit(value: Any) -> int | None:
+    """``value`` when it is a positive int (not a bool), else None: a limit that is not checked."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -25,9 +25,10 @@ from forge_replay.backends.acceptance import UpstreamSettings, refusals
 from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
 from forge_replay.dumps.files import load
+from forge_replay.dumps.model_limits import limits_from_dict, positive_limit
 from forge_replay.dumps.safe_pickle import DumpError
 from forge_replay.dumps.sample import Sample, SampleError
-from forge_replay.dumps.verify_record import record_key
+from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
 
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
@@ -197,8 +198,6 @@ def model_limits(source: str | dict, *, builds_from_config: bool = False) -> tup
     is the spec's own error and raises ModelError (a ValueError), before Ray starts rather than in the trainer."""
     import json
 
-    from forge_replay.dumps.model_limits import limits_from_dict
-
     where = "spec.model.config" if isinstance(source, dict) else source
     try:
         if isinstance(source, dict):
@@ -238,12 +237,8 @@ def _limits_through_transformers(source: str | dict) -> ModelLimits:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(source, local_files_only=True)
-    return ModelLimits(_positive(config, "vocab_size"), _positive(config, "max_position_embeddings"))
-
-
-def _positive(config, name: str) -> int | None:
-    value = getattr(config, name, None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return ModelLimits(positive_limit(getattr(config, "vocab_size", None)),
+                       positive_limit(getattr(config, "max_position_embeddings", None)))
 
 
 @dataclass(frozen=True)
@@ -470,7 +465,6 @@ def verify_dumps(
     Raises ValueError for an invalid template or counts, VerifyWorkerDied when a worker process dies.
     """
     from forge_replay.dumps.bounds import default_limits
-    from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
 
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:

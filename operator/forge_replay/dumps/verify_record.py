@@ -61,9 +61,9 @@ class Entry:
 
 def record_document(settings: dict[str, Any], entries: dict[tuple[str, str], Entry]) -> dict[str, Any]:
     """The record as JSON: ``entries`` maps (record key, kind) to what was found."""
-    from datetime import datetime, timezone
+    from forge_replay.runtime.results import now_rfc3339
 
-    written_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    written_at = now_rfc3339()
     files = [{"path": path, "kind": kind, "size": e.stamp.size, "mtime_ns": e.stamp.mtime_ns, "samples": e.samples,
               "rollout_id": e.rollout_id, "masked_out": e.masked_out} for (path, kind), e in sorted(entries.items())]
     return {"format": FORMAT, "version": VERSION, "written_at": written_at, "settings": settings, "files": files}

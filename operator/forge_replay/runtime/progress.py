@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
 from pathlib import Path
 
 from forge_replay.api.progress import PROGRESS_KEY, ProgressReport, RunResult
-from forge_replay.runtime.results import write_atomically
+from forge_replay.runtime.results import now_rfc3339, write_atomically
 
 log = logging.getLogger(__name__)
 
 SERVICEACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def now_rfc3339() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def progress_json(report: ProgressReport) -> str:

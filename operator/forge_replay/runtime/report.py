@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from forge_replay.runtime.results import write_atomically
-from forge_replay.verdict.reports import dumps_strict, non_finite_metrics
+from forge_replay.verdict.reports import FINITE_METRICS, dumps_strict, non_finite_metrics
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def combine_rank_results(step: int, batch, rank_results: list[dict], data_wait_s
         rollout_id_mismatch=batch.rollout_id_mismatch or None,
         multimodal_ignored_samples=batch.multimodal_ignored,
     )
-    record.non_finite = non_finite_metrics(asdict(record))
+    record.non_finite = non_finite_metrics({metric: getattr(record, metric) for metric in FINITE_METRICS})
     return record
 
 

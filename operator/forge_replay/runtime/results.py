@@ -19,6 +19,7 @@ import os
 import socket
 import tempfile
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,11 @@ SET_ASIDE = {"report.json": "report.previous.json", "memory.png": "memory.previo
 
 class ResultsError(RuntimeError):
     """The results folder cannot be used; the message names the folder and what to do."""
+
+
+def now_rfc3339() -> str:
+    """The time now in UTC, to the second, as RFC 3339 (``2026-12-01T10:00:00Z``)."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def write_atomically(path: str | Path, data: str | bytes) -> None:
@@ -110,8 +116,6 @@ class LockOwner:
 
     @classmethod
     def current(cls, job: str) -> LockOwner:
-        from forge_replay.runtime.progress import now_rfc3339
-
         return cls(os.getpid(), socket.gethostname(), job, now_rfc3339(), process_start(os.getpid()))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 
-from forge_replay.verdict.identity import identity_differences, identity_of
+from forge_replay.verdict.identity import another_job, identity_of
 from forge_replay.verdict.reports import BASELINE_KEY, ReportUnreadable, parse_report, unusable_reason, usable_or_raise
 
 CONFIGMAP_LIMIT = 1024 * 1024
@@ -70,12 +70,10 @@ def configmap_problem(configmap: dict | None, namespace: str, name: str, spec=No
         doc = usable_or_raise(parse_report(text, f"{where} key {BASELINE_KEY}"), f"{where} key {BASELINE_KEY}")
     except ReportUnreadable as exc:
         return str(exc)
-    if spec is not None and not spec.expect.baseline.allow_different:
-        blocking, _ = identity_differences({"identity": identity_of("", spec)}, doc)
-        if blocking:
-            return (f"{where} key {BASELINE_KEY} is of another job: {'; '.join(blocking)} "
-                    "(spec.expect.baseline.allowDifferent: true compares anyway)")
-    return None
+    if spec is None:
+        return None
+    other = another_job({"identity": identity_of("", spec)}, doc, spec.expect.baseline.allow_different)
+    return f"{where} key {BASELINE_KEY} is of another job: {other}" if other else None
 
 
 def name_problems(name: str, namespace: str | None) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from forge_replay.verdict.compare import fmt, fmt_rel, number, rollout_differences
-from forge_replay.verdict.identity import identity_differences
+from forge_replay.verdict.identity import another_job
 from forge_replay.verdict.reports import FINITE_METRICS, non_finite_metrics, unusable_reason
 
 FINITE_CHECK = "finiteMetrics"
@@ -129,10 +129,9 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
             checks += [Check(f"baseline.{m}", False, metric=m, message=f"baseline cannot be used: {baseline_problem}")
                        for m in b.metrics]
         else:
-            blocking, _ = identity_differences(report, baseline)
-            if blocking and not b.allow_different:
-                checks.append(Check(IDENTITY_CHECK, False, message="the baseline is of another job: " + "; ".join(
-                    blocking) + " (spec.expect.baseline.allowDifferent: true compares anyway)"))
+            other = another_job(report, baseline, b.allow_different)
+            if other:
+                checks.append(Check(IDENTITY_CHECK, False, message=f"the baseline is of another job: {other}"))
             checks += compare_reports(report, baseline, b.metrics, b.rtol, b.atol)
     return checks
 
@@ -201,6 +200,11 @@ def first_failure(checks: list[Check]) -> Check | None:
     return next((c for c in checks if not c.passed), None)
 
 
-def failure_line(check: Check) -> str:
-    """A failed check as one line: ``baseline.loss: rollout 3: loss 0.51 vs baseline 0.5 (...)``."""
-    return f"{check.name}: {check.message}"
+def unmet_line(expectations: list[dict] | None) -> str | None:
+    """One line naming the first failed check of report.json's ``expectations``, or None when every one passed (or
+    none was asked for): ``forge-replay run`` exits 3 on it, the runtime and the publish step fail the job."""
+    failed = [c for c in expectations or [] if not c["passed"]]
+    if not failed:
+        return None
+    return (f"{len(failed)} of {len(expectations)} expectation(s) not met; first: {failed[0]['name']}: "
+            f"{failed[0]['message']}")

@@ -74,6 +74,15 @@ def identity_differences(report: dict, baseline: dict) -> tuple[list[str], list[
     return blocking, warnings
 
 
+def another_job(report: dict, baseline: dict, allow_different: bool) -> str | None:
+    """Why ``baseline`` cannot be compared with ``report``: the BLOCKING fields they recorded differently, and how to
+    compare anyway (the text after "is of another job: "); None when none differs or ``allow_different``."""
+    blocking, _ = identity_differences(report, baseline)
+    if not blocking or allow_different:
+        return None
+    return f"{'; '.join(blocking)} (spec.expect.baseline.allowDifferent: true compares anyway)"
+
+
 def environment_differences(report: dict, baseline: dict) -> list[str]:
     """What the two reports recorded differently among ENVIRONMENT_KEYS (a comparison across them may differ
     for that reason alone); one line each."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from forge_replay.verdict.checks import Check, check_report
+from forge_replay.verdict.checks import Check, check_report, unmet_line
 from forge_replay.verdict.compare import fmt
-from forge_replay.verdict.identity import environment_differences, identity_differences, identity_of
+from forge_replay.verdict.identity import another_job, environment_differences, identity_differences, identity_of
 from forge_replay.verdict.reports import ReportUnreadable, read_usable
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,8 @@ def baseline_problem(path: str | None, spec) -> str | None:
         baseline = read_usable(path)
     except ReportUnreadable as exc:
         return f"baseline {exc}"
-    blocking, _ = identity_differences({"identity": identity_of("", spec)}, baseline)
-    if blocking and not spec.expect.baseline.allow_different:  # the run would fail baseline.identity: say it now
-        return (f"baseline {path} is of another job: {'; '.join(blocking)} (spec.expect.baseline.allowDifferent: "
-                "true compares anyway)")
-    return None
+    other = another_job({"identity": identity_of("", spec)}, baseline, spec.expect.baseline.allow_different)
+    return f"baseline {path} is of another job: {other}" if other else None  # it would fail baseline.identity
 
 
 def unusable_baseline(spec, baseline_path: str | None) -> list[dict] | None:
@@ -78,12 +75,7 @@ def verdict(report: dict, spec, baseline_path: str | None) -> tuple[list[Check],
 def unmet(report) -> str | None:
     """One line naming the first failed expectation of a finished run's report (``RunReport``), or None when every
     expectation was met (or none was asked for): the CLI exits 3 and the in-cluster runtime fails on it."""
-    failed = [c for c in report.expectations or [] if not c["passed"]]
-    if not failed:
-        return None
-    first = failed[0]
-    return (f"{len(failed)} of {len(report.expectations)} expectation(s) not met; first: {first['name']}: "
-            f"{first['message']}")
+    return unmet_line(report.expectations)
 
 
 def render_verdict(checks: list[dict]):
