@@ -1,6 +1,7 @@
 """``python -m tests.cluster build|up|paths``: build the control-plane binaries, run the control plane.
 
     python -m tests.cluster build            # build what is missing (cached; prints a line per binary)
+    python -m tests.cluster build --real-node  # also kubelet, kube-proxy, CoreDNS, pause (for scripts/e2e)
     python -m tests.cluster up               # the whole stack until Ctrl-C; prints export lines
     python -m tests.cluster up --no-kuberay --no-kwok
     python -m tests.cluster paths            # cache, bin dir and each binary's current build
@@ -21,7 +22,7 @@ def _build(args: argparse.Namespace) -> int:
     names = args.names or None
     started = time.monotonic()
     try:
-        timings = build.build_all(names)
+        timings = build.build_all(names, real_node=args.real_node)
     except build.GoToolchainMissing as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -41,8 +42,8 @@ def _build(args: argparse.Namespace) -> int:
 def _paths(args: argparse.Namespace) -> int:
     print(f"cache   {build.cache_root()}")
     print(f"bin     {build.bin_dir()}")
-    absent = set(build.missing())
-    for name in build.declared_names():
+    absent = set(build.missing(real_node=True))
+    for name in build.declared_names(real_node=True):
         if name in absent:
             print(f"{name:<26} (not built)")
         else:
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser("build", help="build the missing control-plane binaries")
     build_parser.add_argument("names", nargs="*", help="only these (default: everything declared)")
+    build_parser.add_argument("--real-node", action="store_true",
+                              help="also the real node's parts (kubelet, kube-proxy, CoreDNS, pause; for scripts/e2e)")
     build_parser.set_defaults(func=_build)
     paths_parser = commands.add_parser("paths", help="show the cache, bin dir and current builds")
     paths_parser.set_defaults(func=_paths)
