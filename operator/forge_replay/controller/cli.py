@@ -158,6 +158,7 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
     if settings.leader_election_namespace:
         _lead(kube, settings, stop_flag)
     kopf.run(
+        identity=replica_identity(),  # never kopf's default, the login name (see replica_identity)
         standalone=True,  # no kopf peering: the Lease (when configured) decides who acts
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
@@ -169,14 +170,24 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
         raise SystemExit("lost the leader Lease: exiting so that a fresh process queues for it")
 
 
-def _lead(kube, settings: OperatorSettings, stop_flag: threading.Event) -> None:
-    """Block until this replica holds the Lease; then keep it, and stop kopf if it is lost."""
+def replica_identity() -> str:
+    """This replica's name, for the Lease and for kopf: the pod's name (POD_NAME, set by the chart) or the host
+    name, and the pid.
+
+    Never the login name, which kopf would otherwise look up (getpass.getuser()): the image runs as a numeric
+    user with no passwd entry, where that lookup raises KeyError and the operator dies at start.
+    """
     import os
     import socket
 
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+
+
+def _lead(kube, settings: OperatorSettings, stop_flag: threading.Event) -> None:
+    """Block until this replica holds the Lease; then keep it, and stop kopf if it is lost."""
     from forge_replay.controller.leader import LeaderElector
 
-    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+    identity = replica_identity()
     elector = LeaderElector(
         kube, settings.leader_election_namespace, settings.leader_election_name, identity,
         lease_seconds=settings.lease_seconds, renew_seconds=settings.lease_seconds / 3, on_lost=stop_flag.set,
