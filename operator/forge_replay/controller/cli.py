@@ -6,6 +6,7 @@ No torch, ray or kopf import at module level: `forge-replay render` stays fast.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from typing import Any
@@ -84,6 +85,16 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
     sys.stdout.write(objects_yaml(objects))
 
 
+# A Kubernetes resource quantity: "2", "500m", "1.5", "8Gi", "512M", "1e9".
+_QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+
+
+def _quantity(context: click.Context, parameter: click.Parameter, value: str) -> str:
+    if not _QUANTITY.match(value):
+        raise click.BadParameter(f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 8Gi)")
+    return value
+
+
 @click.command()
 @click.option("--namespace", "-n", "namespaces", multiple=True,
               help="Watch this namespace (repeatable). Without it the operator watches the whole cluster.")
@@ -103,6 +114,20 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
               help="Non-root UID/GID of the runtime pods.")
 @click.option("--ray-version", default=OperatorSettings.ray_version, show_default=True,
               help="Ray version of the runtime image (the RayCluster's rayVersion).")
+@click.option("--head-cpu", default=OperatorSettings.head_cpu, show_default=True, callback=_quantity,
+              help="CPU request of the Ray head pod.")
+@click.option("--head-memory", default=OperatorSettings.head_memory, show_default=True, callback=_quantity,
+              help="Memory request and limit of the Ray head pod.")
+@click.option("--cpu-worker-cpu", default=OperatorSettings.cpu_worker_cpu, show_default=True, callback=_quantity,
+              help="CPU request of a trainer pod when trainer.gpusPerNode is 0.")
+@click.option("--cpu-worker-memory", default=OperatorSettings.cpu_worker_memory, show_default=True,
+              callback=_quantity, help="Memory request and limit of a trainer pod when trainer.gpusPerNode is 0.")
+@click.option("--verify-cpu", default=OperatorSettings.verify_cpu, show_default=True, callback=_quantity,
+              help="CPU request of the dump-verification Job's pod.")
+@click.option("--verify-memory", default=OperatorSettings.verify_memory, show_default=True, callback=_quantity,
+              help="Memory request of the dump-verification Job's pod.")
+@click.option("--shm-size", default=OperatorSettings.shm_size, show_default=True, callback=_quantity,
+              help="Size of the in-memory /dev/shm of the Ray pods (capped by each pod's memory limit).")
 @click.option("--leader-election-namespace", default=None,
               help="Take the Lease forge-replay-operator in this namespace before acting (two replicas are safe).")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
@@ -116,6 +141,13 @@ def operator(
     watch_server_timeout: int,
     runtime_uid: int,
     ray_version: str,
+    head_cpu: str,
+    head_memory: str,
+    cpu_worker_cpu: str,
+    cpu_worker_memory: str,
+    verify_cpu: str,
+    verify_memory: str,
+    shm_size: str,
     leader_election_namespace: str | None,
     verbose: bool,
 ) -> None:
@@ -130,6 +162,13 @@ def operator(
         watch_client_timeout=watch_server_timeout + 30,
         runtime_uid=runtime_uid,
         ray_version=ray_version,
+        head_cpu=head_cpu,
+        head_memory=head_memory,
+        cpu_worker_cpu=cpu_worker_cpu,
+        cpu_worker_memory=cpu_worker_memory,
+        verify_cpu=verify_cpu,
+        verify_memory=verify_memory,
+        shm_size=shm_size,
         leader_election_namespace=leader_election_namespace or None,
     )
     run_operator(settings, kubeconfig=kubeconfig, verbose=verbose)
