@@ -8,3 +8,7 @@ pytest_plugins = ["tests.cluster.fixtures"]
 # elsewhere keep exploring, and print the blob that reproduces whatever they find.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# tests/e2e runs real pods on the test cluster's real node (scripts/e2e, not CI: it needs one-time builds of
+# about an hour and images of several GB). scripts/e2e sets FORGE_REPLAY_E2E=1; otherwise it is not collected.
+collect_ignore = [] if os.environ.get("FORGE_REPLAY_E2E") == "1" else ["e2e"]
