@@ -56,6 +56,8 @@ CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",  # removes the finalizer the admission plugin puts on PVCs
 )
 
+REAL_NODE_CONTROLLERS = ("persistentvolume-binder-controller",)
+
 # KWOK stages (from the pinned module's kustomize/stage): nodes become Ready and keep heartbeating; bound pods
 # become Running and Ready; pods owned by a Job complete (Succeeded); deleted pods go away.
 KWOK_STAGES = (
@@ -487,9 +489,11 @@ class ControlPlane:
         identity = self.ca.issue("kube-controller-manager", "system:kube-controller-manager", client=True)
         kubeconfig = self.workdir / "kube-controller-manager.kubeconfig"
         self._write_kubeconfig(kubeconfig, identity, "system:kube-controller-manager")
+        # Pods on the real node mount PersistentVolumes: binding claims to them needs the PV controller.
+        controllers = CONTROLLERS + (REAL_NODE_CONTROLLERS if self.options.real_node else ())
         self.controller_manager = self._launch("kube-controller-manager", [
             str(self.binaries["kube-controller-manager"]), f"--kubeconfig={kubeconfig}",
-            "--leader-elect=false", "--secure-port=0", f"--controllers={','.join(CONTROLLERS)}",
+            "--leader-elect=false", "--secure-port=0", f"--controllers={','.join(controllers)}",
             "--use-service-account-credentials=true",
             f"--service-account-private-key-file={self.sa_keys.key}", f"--root-ca-file={self.ca.pair.cert}",
             "--concurrent-gc-syncs=5", "--v=1",

@@ -164,6 +164,9 @@ class RealNode:
         (self.dir / "upstream-resolv.conf").write_text("")  # pods with dnsPolicy Default: no upstream here
         script = [
             "set -e", "ip link set lo up", f"ip addr add {NODE_IP}/32 dev lo",
+            # Processes of the namespace itself (KubeRay asking the Ray head's dashboard, the API server's service
+            # proxy) reach Service IPs: a route is needed before kube-proxy's OUTPUT rules rewrite the address.
+            f"ip route add {SERVICE_CIDR} dev lo src {NODE_IP}",
             "mount -t tmpfs -o mode=755 forge-replay-run /run", "mkdir -p /run/netns",
             "mount -t tmpfs -o mode=755 forge-replay-var-lib /var/lib",
             f"mount --bind {self.dir / 'log'} /var/log", f"mount --bind {resolv} /etc/resolv.conf",
