@@ -6,13 +6,26 @@ missing build or package is an error that says what to run.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from tests.cluster import build, images
 from tests.cluster.manager import ControlPlane, Options
 from tests.cluster.node import RealNode
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "forge-replay-operator"
+OPERATOR_NAMESPACE = "forge-system"
+RELEASE = "forge"
+# Small enough for the 2-core real node: operator 100m + head + CPU trainer + KubeRay's submitter (500m).
+SMALL_RUNTIME_RESOURCES = {"head": {"cpu": "250m", "memory": "3Gi"}, "cpuWorker": {"cpu": "500m", "memory": "6Gi"},
+                           "verify": {"cpu": "200m", "memory": "1Gi"}, "shmSize": "1Gi"}
 
 _STATE: dict[str, object] = {"plane": None, "failed": False}
 
@@ -54,3 +67,65 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         header = f"cluster folder {plane.workdir}" + (f"; EXITED: {dead}" if dead else "")
         report.sections.append(("cluster logs", f"{header}\n{plane.log_tails(25)}"))
     return report
+
+
+@dataclass(frozen=True)
+class ProductImages:
+    operator: images.Image
+    runtime: images.Image
+
+
+@pytest.fixture(scope="session")
+def product_images(real_cluster: ControlPlane) -> ProductImages:
+    """The operator and runtime images (built by scripts/e2e, or here if missing) in the node's containerd."""
+    operator, runtime = images.build_images(("operator", "runtime"))
+    for image in (operator, runtime):
+        real_cluster.node.import_image(image.archive, name=image.reference)
+    return ProductImages(operator, runtime)
+
+
+def helm(*args: str, plane: ControlPlane, timeout: float = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(build.binary_path("helm")), f"--kubeconfig={plane.kubeconfig}", *args],
+                            capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="session")
+def operator_release(real_cluster: ControlPlane, product_images: ProductImages) -> dict:
+    """`helm install` of the chart with the local images, as a platform team would (the control plane installed
+    the CRD already, so crds.install=false). Returns the values used."""
+    repository, tag = product_images.operator.reference.rsplit(":", 1)
+    runtime_repository, runtime_tag = product_images.runtime.reference.rsplit(":", 1)
+    values = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+              "runtimeImage": {"repository": runtime_repository, "tag": runtime_tag},
+              "crds": {"install": False}, "runtimeResources": SMALL_RUNTIME_RESOURCES}
+    path = real_cluster.workdir / "operator-values.json"
+    path.write_text(json.dumps(values))
+    real_cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE)
+    helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--values", str(path), "--wait",
+         "--timeout=300s", plane=real_cluster)
+    return values
+
+
+def provide_volume(plane: ControlPlane, namespace: str, claim: str, access_mode: str) -> Path:
+    """A hostPath PersistentVolume pre-bound to a claim of that name (created too), as a cluster admin would
+    provide storage; returns the host folder behind it."""
+    folder = plane.workdir / "volumes" / namespace / claim
+    folder.mkdir(parents=True)
+    folder.chmod(0o777 if access_mode == "ReadWriteMany" else 0o755)
+    volume = f"{namespace}-{claim}"
+    objects = [
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": [access_mode], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Retain",
+                  "hostPath": {"path": str(folder), "type": "Directory"},
+                  "claimRef": {"namespace": namespace, "name": claim}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace},
+         "spec": {"accessModes": [access_mode], "storageClassName": "", "volumeName": volume,
+                  "resources": {"requests": {"storage": "1Gi"}}}},
+    ]
+    plane.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objects))
+    plane.kubectl("wait", "-n", namespace, f"pvc/{claim}", "--for=jsonpath={.status.phase}=Bound", "--timeout=60s")
+    return folder
