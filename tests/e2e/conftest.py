@@ -7,13 +7,17 @@ missing build or package is an error that says what to run.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.cluster import build, images
 from tests.cluster.manager import ControlPlane, Options
@@ -24,6 +28,8 @@ CHART = REPO / "charts" / "forge-replay-operator"
 OPERATOR_NAMESPACE = "forge-system"
 RELEASE = "forge"
 # Small enough for the 2-core real node: operator 100m + head + CPU trainer + KubeRay's submitter (500m).
+DUMPS_UID = 2000  # the dumps are written by another user than the runtime's 10001
+TTL_SECONDS = 15  # ttlSecondsAfterFinished of the e2e jobs
 SMALL_RUNTIME_RESOURCES = {"head": {"cpu": "250m", "memory": "3Gi"}, "cpuWorker": {"cpu": "500m", "memory": "6Gi"},
                            "verify": {"cpu": "200m", "memory": "1Gi"}, "shmSize": "1Gi"}
 
@@ -129,3 +135,63 @@ def provide_volume(plane: ControlPlane, namespace: str, claim: str, access_mode:
     plane.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(o) for o in objects))
     plane.kubectl("wait", "-n", namespace, f"pvc/{claim}", "--for=jsonpath={.status.phase}=Bound", "--timeout=60s")
     return folder
+
+
+def write_dumps(folder: Path, num_rollouts: int) -> None:
+    """Synthetic dumps for examples/smoke-cpu.yaml (smoke/rollout_{id}.pt), owned by DUMPS_UID, mode 0644."""
+    subprocess.run([sys.executable, "-m", "forge_replay.cli", "dumps", "synth", "--out",
+                    str(folder / "smoke" / "rollout_{rollout_id}.pt"), "--num-rollouts", str(num_rollouts),
+                    "--prompts", "2", "--samples-per-prompt", "4", "--prompt-len", "16", "--response-len", "16",
+                    "--vocab-size", "512"], check=True, capture_output=True, timeout=300)
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, DUMPS_UID, DUMPS_UID)
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def smoke_job(namespace: str, name: str = "smoke-cpu", expect: dict | None = None) -> dict:
+    """examples/smoke-cpu.yaml in ``namespace``, reporting to the claim ``results``."""
+    job = yaml.safe_load((REPO / "examples" / "smoke-cpu.yaml").read_text())
+    job["metadata"].update(name=name, namespace=namespace)
+    job["spec"]["results"] = {"claimName": "results"}
+    job["spec"]["ttlSecondsAfterFinished"] = TTL_SECONDS
+    if expect is not None:
+        job["spec"]["expect"] = expect
+    return job
+
+
+def wait_for_phase(plane: ControlPlane, namespace: str, name: str, phases: set[str], timeout: float) -> dict:
+    """The ForgeReplayJob once its phase is one of ``phases``; fails with its status after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    job: dict = {}
+    while time.monotonic() < deadline:
+        job = json.loads(plane.kubectl("get", "-n", namespace, "forgereplayjob", name, "-o", "json").stdout)
+        if job.get("status", {}).get("phase") in phases:
+            return job
+        time.sleep(3)
+    raise AssertionError(f"{name} did not reach {phases} in {timeout:.0f}s; status:\n"
+                         f"{json.dumps(job.get('status'), indent=1)}")
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    namespace: str
+    status: dict
+    folder: Path  # the run's own folder on the results volume (host path)
+    finished: float  # time.monotonic() when the job's phase became final
+
+
+@pytest.fixture(scope="session")
+def smoke_run(real_cluster: ControlPlane, operator_release: dict) -> SmokeRun:
+    """examples/smoke-cpu.yaml run once to its end in real pods (scenario 2; its report is scenario 6's baseline)."""
+    namespace = "e2e-smoke"
+    real_cluster.kubectl("create", "namespace", namespace)
+    real_cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", namespace, "--timeout=60s")
+    dumps = provide_volume(real_cluster, namespace, "smoke-dumps", "ReadOnlyMany")
+    results = provide_volume(real_cluster, namespace, "results", "ReadWriteMany")
+    write_dumps(dumps, 4)
+    real_cluster.kubectl("apply", "-f", "-", input=json.dumps(smoke_job(namespace)))
+    job = wait_for_phase(real_cluster, namespace, "smoke-cpu", {"Succeeded", "Failed", "Stalled"}, 900)
+    finished = time.monotonic()
+    folders = list((results / namespace / "smoke-cpu").iterdir()) if (results / namespace).exists() else []
+    assert len(folders) == 1, f"expected one run folder under {results}, found {folders}"
+    return SmokeRun(namespace, job["status"], folders[0], finished)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.e2e.conftest import provide_volume
-from tests.e2e.test_scenario2_debug_replay import smoke_job, wait_for_phase, write_dumps
+from tests.e2e.conftest import provide_volume, smoke_job, wait_for_phase, write_dumps
 
 
 def test_a_truncated_dump_is_refused_before_any_ray_pod(real_cluster, operator_release, e2e_namespace):
