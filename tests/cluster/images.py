@@ -210,7 +210,19 @@ def product_image(name: str, log_path: Path, rebuild: bool = False) -> Image:
                  *build_args, f"--tag={reference}", f"--file={dockerfile}", str(REPO_ROOT), log_path=log_path)
         _log(f"built {reference} in {time.monotonic() - started:.0f}s")
     _export(reference, archive, log_path)
+    _prune(name, reference, archive)
     return Image(name, reference, archive)
+
+
+def _prune(name: str, reference: str, archive: Path) -> None:
+    """Drop the older builds of an image (archives of GBs and buildah's copies): only the current one is used."""
+    for old in images_dir().glob(f"{name}-*.tar"):
+        if old != archive:
+            old.unlink()
+    repository = reference.rsplit(":", 1)[0]
+    for other in _buildah("images", "--format", "{{.Name}}:{{.Tag}}").split():
+        if other.rsplit(":", 1)[0] == repository and other != reference:
+            _buildah("rmi", other)
 
 
 def build_images(names: tuple[str, ...] = ("operator", "runtime"), rebuild: tuple[str, ...] = ()) -> list[Image]:

@@ -110,6 +110,59 @@ def cgroup_hierarchies() -> list[Path]:
     return mounts
 
 
+def cgroup_pids(cgroup_root: str) -> set[int]:
+    """Every process in the cgroup tree ``cgroup_root`` of any hierarchy."""
+    pids: set[int] = set()
+    for hierarchy in cgroup_hierarchies():
+        root = hierarchy / cgroup_root
+        if root.exists():
+            for procs in root.rglob("cgroup.procs"):
+                try:
+                    pids.update(int(p) for p in procs.read_text().split())
+                except OSError:
+                    pass
+    return pids
+
+
+def remove_cgroups(cgroup_root: str) -> list[str]:
+    """Kill every process left in the cgroup tree ``cgroup_root`` and remove it; returns what could not be removed."""
+    deadline = time.monotonic() + 30
+    while (pids := cgroup_pids(cgroup_root)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    left = []
+    for hierarchy in cgroup_hierarchies():
+        root = hierarchy / cgroup_root
+        if not root.exists():
+            continue
+        for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
+            for _ in range(50):
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                left.append(str(path))
+    return left
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _setns(fd: int, kind: int) -> None:
     if _libc.setns(fd, kind) != 0:
         errno = ctypes.get_errno()
@@ -143,6 +196,7 @@ class RealNode:
         except BlockingIOError:
             raise RealNodeError(f"another real node is running on this machine (it holds {node_cache() / '.lock'}); "
                                 "stop it first") from None
+        self._sweep_stale_nodes()
         for sub in ("log", "sysctl", "containerd", "cni/net.d", "kubelet", "pki"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._make_cgroups()
@@ -212,45 +266,24 @@ class RealNode:
                     for name in ("cpuset.cpus", "cpuset.mems"):
                         (path / name).write_text((path.parent / name).read_text())
 
-    def cgroup_pids(self) -> set[int]:
-        pids: set[int] = set()
-        for hierarchy in cgroup_hierarchies():
-            root = hierarchy / self.cgroup_root
-            if root.exists():
-                for procs in root.rglob("cgroup.procs"):
-                    try:
-                        pids.update(int(p) for p in procs.read_text().split())
-                    except OSError:
-                        pass
-        return pids
-
-    def _remove_cgroups(self) -> list[str]:
-        """Kill every process left in the node's cgroups and remove them; returns what could not be removed."""
-        deadline = time.monotonic() + 30
-        while (pids := self.cgroup_pids()) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.2)
-        left = []
-        for hierarchy in cgroup_hierarchies():
-            root = hierarchy / self.cgroup_root
-            if not root.exists():
+    def _sweep_stale_nodes(self) -> None:
+        """Clean up after real nodes whose process was killed before it could stop: their containers and shims
+        live on in their cgroups. Each node registers its cgroup root with its owner's pid in the cache; an
+        entry whose owner is gone is stale (the lock makes sure no live node of this cache is touched)."""
+        registry = node_cache() / "running"
+        registry.mkdir(parents=True, exist_ok=True)
+        for entry in registry.iterdir():
+            if _alive(int(entry.read_text() or 0)):
                 continue
-            for path in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [root]:
-                for _ in range(50):
-                    try:
-                        path.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.1)
-                else:
-                    left.append(str(path))
-        return left
+            self.plane.log(f"removing what a killed real node left (cgroups {entry.name} and their processes)")
+            left = remove_cgroups(entry.name)
+            if left:
+                raise RealNodeError(f"could not remove a killed real node's cgroups: {', '.join(left)}")
+            entry.unlink()
+        (registry / self.cgroup_root).write_text(str(os.getpid()))
+
+    def cgroup_pids(self) -> set[int]:
+        return cgroup_pids(self.cgroup_root)
 
     # ---- components ---------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -292,11 +325,17 @@ class RealNode:
 
     def import_image(self, archive: Path, name: str | None = None) -> None:
         """Import an OCI or docker archive into the node's containerd unless an image of that name is there."""
-        if name is not None and name in self.images():
+        present = self.images()
+        if name is not None and name in present:
             return
         started = time.monotonic()
         self.ctr("images", "import", "--no-unpack=false", str(archive))
         self.plane.log(f"imported {archive.name} into the node's containerd in {time.monotonic() - started:.1f}s")
+        if name is not None:  # older builds of the same image: removed, so the content store does not grow forever
+            repository = name.rsplit(":", 1)[0]
+            stale = [image for image in present if image.rsplit(":", 1)[0] == repository and ":" in image]
+            if stale:
+                self.ctr("images", "remove", *stale)
 
     def _start_containerd(self) -> None:
         state = self.dir / "containerd"
@@ -481,7 +520,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def stop(self) -> list[str]:
         """After the components stopped: kill what is left in the node's cgroups, remove them, close the
         namespaces. Returns what could not be cleaned (empty when everything is gone)."""
-        left = self._remove_cgroups()
+        left = remove_cgroups(self.cgroup_root)
+        if not left:
+            (node_cache() / "running" / self.cgroup_root).unlink(missing_ok=True)
         for fd in (self.net_fd, self.mnt_fd):
             if fd >= 0:
                 os.close(fd)
