@@ -137,12 +137,13 @@ def provide_volume(plane: ControlPlane, namespace: str, claim: str, access_mode:
     return folder
 
 
-def write_dumps(folder: Path, num_rollouts: int) -> None:
+def write_dumps(folder: Path, num_rollouts: int, prompts: int = 2, response_len: int = 16) -> None:
     """Synthetic dumps for examples/smoke-cpu.yaml (smoke/rollout_{id}.pt), owned by DUMPS_UID, mode 0644."""
     subprocess.run([sys.executable, "-m", "forge_replay.cli", "dumps", "synth", "--out",
                     str(folder / "smoke" / "rollout_{rollout_id}.pt"), "--num-rollouts", str(num_rollouts),
-                    "--prompts", "2", "--samples-per-prompt", "4", "--prompt-len", "16", "--response-len", "16",
-                    "--vocab-size", "512"], check=True, capture_output=True, timeout=300)
+                    "--prompts", str(prompts), "--samples-per-prompt", "4", "--prompt-len", "16",
+                    "--response-len", str(response_len), "--vocab-size", "512"],
+                   check=True, capture_output=True, timeout=300)
     for path in [folder, *folder.rglob("*")]:
         os.chown(path, DUMPS_UID, DUMPS_UID)
         path.chmod(0o755 if path.is_dir() else 0o644)
