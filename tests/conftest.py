@@ -9,6 +9,10 @@ pytest_plugins = ["tests.cluster.fixtures"]
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# tests/e2e runs real pods on the test cluster's real node (scripts/e2e, not CI: it needs one-time builds of
+# about an hour and images of several GB). scripts/e2e sets FORGE_REPLAY_E2E=1; otherwise it is not collected.
+collect_ignore = [] if os.environ.get("FORGE_REPLAY_E2E") == "1" else ["e2e"]
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests that need the control plane run last: on a fresh machine scripts/test builds it in the background

@@ -1,8 +1,10 @@
 """``python -m tests.cluster build|up|paths``: build the control-plane binaries, run the control plane.
 
     python -m tests.cluster build            # build what is missing (cached; prints a line per binary)
+    python -m tests.cluster build --real-node  # also kubelet, kube-proxy, CoreDNS, pause (for scripts/e2e)
     python -m tests.cluster up               # the whole stack until Ctrl-C; prints export lines
     python -m tests.cluster up --no-kuberay --no-kwok
+    python -m tests.cluster up --real-node   # plus one real node: pods really run (docs/cluster.md)
     python -m tests.cluster paths            # cache, bin dir and each binary's current build
 """
 
@@ -21,7 +23,7 @@ def _build(args: argparse.Namespace) -> int:
     names = args.names or None
     started = time.monotonic()
     try:
-        timings = build.build_all(names)
+        timings = build.build_all(names, real_node=args.real_node)
     except build.GoToolchainMissing as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -41,8 +43,8 @@ def _build(args: argparse.Namespace) -> int:
 def _paths(args: argparse.Namespace) -> int:
     print(f"cache   {build.cache_root()}")
     print(f"bin     {build.bin_dir()}")
-    absent = set(build.missing())
-    for name in build.declared_names():
+    absent = set(build.missing(real_node=True))
+    for name in build.declared_names(real_node=True):
         if name in absent:
             print(f"{name:<26} (not built)")
         else:
@@ -55,7 +57,7 @@ def _up(args: argparse.Namespace) -> int:
 
     options = Options(controller_manager=not args.no_controller_manager, scheduler=not args.no_scheduler,
                       kwok=not args.no_kwok, kuberay=not args.no_kuberay, install_crds=not args.no_crds,
-                      gpu_nodes=args.gpu_nodes, cpu_nodes=args.cpu_nodes)
+                      gpu_nodes=args.gpu_nodes, cpu_nodes=args.cpu_nodes, real_node=args.real_node)
     if options.kuberay and not options.controller_manager:
         print("note: KubeRay runs, but without the controller manager its submitter Jobs never get pods",
               file=sys.stderr)
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser("build", help="build the missing control-plane binaries")
     build_parser.add_argument("names", nargs="*", help="only these (default: everything declared)")
+    build_parser.add_argument("--real-node", action="store_true",
+                              help="also the real node's parts (kubelet, kube-proxy, CoreDNS, pause; for scripts/e2e)")
     build_parser.set_defaults(func=_build)
     paths_parser = commands.add_parser("paths", help="show the cache, bin dir and current builds")
     paths_parser.set_defaults(func=_paths)
@@ -112,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     up_parser.add_argument("--gpu-nodes", type=int, default=2, help="fake H200 nodes with 8 GPUs each")
     up_parser.add_argument("--cpu-nodes", type=int, default=1, help="fake CPU-only nodes")
     up_parser.add_argument("--keep", action="store_true", help="keep the folder (logs, kubeconfig) after stopping")
+    up_parser.add_argument("--real-node", action="store_true",
+                           help="add one real node (kubelet, containerd, CoreDNS, kube-proxy) in namespaces of the "
+                                "cluster's own; needs `build --real-node` and Debian's containerd, runc, CNI plugins")
     up_parser.set_defaults(func=_up)
     args = parser.parse_args(argv)
     return args.func(args)

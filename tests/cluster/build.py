@@ -11,6 +11,10 @@ and optionally a ``files.txt`` whose lines read
 
 which copies a directory out of that module (as pinned by go.mod) into the build, e.g. KubeRay's CRDs.
 
+A module whose folder holds a ``real-node.txt`` marker (kubelet, kube-proxy, CoreDNS, pause) belongs to the
+real node of ``up --real-node`` / scripts/e2e: ``build`` leaves it out unless asked with ``real_node=True``
+(``python -m tests.cluster build --real-node``), so what scripts/test builds and caches stays the control plane.
+
 Builds land in ``<cache>/go/<module>/<key>/`` where ``<key>`` hashes the module's declaration files, so a
 pin change gives a new folder and everything else is reused. ``<cache>/bin`` holds stable symlinks to the
 current builds, for people (``export PATH=<cache>/bin:$PATH``) and for tests.
@@ -32,6 +36,7 @@ from pathlib import Path
 
 GO_MODULES_DIR = Path(__file__).resolve().parent / "go"
 DECLARATION_FILES = ("go.mod", "go.sum", "binaries.txt", "files.txt")
+REAL_NODE_MARKER = "real-node.txt"
 BASE_LDFLAGS = "-s -w"
 
 
@@ -107,11 +112,20 @@ def parse_files(module_dir: Path) -> list[FilesSpec]:
     return specs
 
 
-def module_dirs(root: Path = GO_MODULES_DIR) -> list[Path]:
-    """Every wrapper module directory (one with a go.mod and a binaries.txt or files.txt)."""
+def is_real_node_module(module_dir: Path) -> bool:
+    """Whether a wrapper module builds a part of the real node (its folder holds ``real-node.txt``)."""
+    return (module_dir / REAL_NODE_MARKER).exists()
+
+
+def module_dirs(root: Path = GO_MODULES_DIR, real_node: bool = False) -> list[Path]:
+    """Every wrapper module directory (one with a go.mod and a binaries.txt or files.txt).
+
+    The real node's modules are included only with ``real_node=True``.
+    """
     return sorted(
         d for d in root.iterdir()
         if d.is_dir() and (d / "go.mod").exists() and ((d / "binaries.txt").exists() or (d / "files.txt").exists())
+        and (real_node or not is_real_node_module(d))
     )
 
 
@@ -140,10 +154,11 @@ def module_build_dir(module_dir: Path) -> Path:
     return cache_root() / "go" / module_dir.name / module_key(module_dir)
 
 
-def _catalogue() -> tuple[dict[str, tuple[Path, BinarySpec]], dict[str, tuple[Path, FilesSpec]]]:
+def _catalogue(real_node: bool = True) -> tuple[dict[str, tuple[Path, BinarySpec]],
+                                                 dict[str, tuple[Path, FilesSpec]]]:
     binaries: dict[str, tuple[Path, BinarySpec]] = {}
     files: dict[str, tuple[Path, FilesSpec]] = {}
-    for directory in module_dirs():
+    for directory in module_dirs(real_node=real_node):
         for spec in parse_binaries(directory):
             if spec.name in binaries or spec.name in files:
                 raise BuildError(f"{spec.name!r} is declared twice (again in {directory})")
@@ -155,9 +170,9 @@ def _catalogue() -> tuple[dict[str, tuple[Path, BinarySpec]], dict[str, tuple[Pa
     return binaries, files
 
 
-def declared_names() -> list[str]:
-    """Names of every declared binary and exported file set, in module order."""
-    binaries, files = _catalogue()
+def declared_names(real_node: bool = False) -> list[str]:
+    """Names of every declared binary and exported file set, in module order (the real node's too if asked)."""
+    binaries, files = _catalogue(real_node)
     return list(binaries) + list(files)
 
 
@@ -291,17 +306,20 @@ def binary_path(name: str, build: bool = True, log=_default_log) -> Path:
     return target
 
 
-def missing() -> list[str]:
-    """Declared names whose current build is absent."""
-    binaries, files = _catalogue()
+def missing(real_node: bool = False) -> list[str]:
+    """Declared names whose current build is absent (the real node's too if asked)."""
+    binaries, files = _catalogue(real_node)
     absent = [n for n, (d, _) in binaries.items() if not (module_build_dir(d) / n).exists()]
     return absent + [n for n, (d, _) in files.items() if not (module_build_dir(d) / n).exists()]
 
 
-def build_all(names: list[str] | None = None, log=_default_log) -> dict[str, float]:
-    """Build every declared binary (or only ``names``) that is missing; returns seconds per built name."""
-    wanted = names or declared_names()
-    todo = [n for n in wanted if n in set(missing())]
+def build_all(names: list[str] | None = None, log=_default_log, real_node: bool = False) -> dict[str, float]:
+    """Build every declared binary (or only ``names``) that is missing; returns seconds per built name.
+
+    Without ``names``, the real node's modules are built only with ``real_node=True``.
+    """
+    wanted = names or declared_names(real_node)
+    todo = [n for n in wanted if n in set(missing(real_node=True))]
     timings: dict[str, float] = {}
     if todo:
         _go()  # fail early and clearly when Go is absent

@@ -33,6 +33,7 @@ from tests.cluster.certs import CertificateAuthority, service_account_keys
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT_CRDS_DIR = REPO_ROOT / "crds"
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+FAKE_NODE_TAINT = "forgereplay.io/fake-node"
 GPU_PRODUCT = "NVIDIA-H200"
 
 # Controllers kube-controller-manager runs: garbage collection, namespace deletion, Jobs (KubeRay's submitter),
@@ -54,6 +55,8 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
     "persistentvolumeclaim-protection-controller",  # removes the finalizer the admission plugin puts on PVCs
 )
+
+REAL_NODE_CONTROLLERS = ("persistentvolume-binder-controller",)
 
 # KWOK stages (from the pinned module's kustomize/stage): nodes become Ready and keep heartbeating; bound pods
 # become Running and Ready; pods owned by a Job complete (Succeeded); deleted pods go away.
@@ -82,6 +85,8 @@ class Options:
     project_crds_dir: Path = PROJECT_CRDS_DIR
     gpu_nodes: int = 2
     cpu_nodes: int = 1
+    # One real node (tests/cluster/node.py): the whole control plane then runs in the node's namespaces.
+    real_node: bool = False
     workdir: Path | None = None
     log: Callable[[str], None] = field(default=lambda message: print(message, file=sys.stderr, flush=True))
 
@@ -91,6 +96,7 @@ class Options:
         names += ["kube-scheduler"] if self.scheduler else []
         names += ["kwok", "kwok-stages"] if self.kwok else []
         names += ["kuberay-operator"] if self.kuberay else []
+        names += ["pause", "kubelet", "kube-proxy", "coredns"] if self.real_node else []
         return names
 
 
@@ -113,9 +119,11 @@ def _die_with_parent() -> None:
 class Component:
     """One control-plane process with its log file."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 preexec: Callable[[], None] = _die_with_parent, pass_fds: tuple[int, ...] = ()):
         self.name, self.argv, self.log_path = name, argv, log_path
         self.env = {**os.environ, **(env or {})}
+        self.preexec, self.pass_fds = preexec, pass_fds
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -124,7 +132,8 @@ class Component:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self.env, preexec_fn=_die_with_parent)
+                                            stdin=subprocess.DEVNULL, env=self.env, preexec_fn=self.preexec,
+                                            pass_fds=self.pass_fds)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -198,6 +207,8 @@ class ControlPlane:
         self.project_crd_error: str | None = None
         self.skipped: list[str] = []
         self.keep_workdir = False
+        self.node = None  # node.RealNode with Options.real_node
+        self.left_behind: list[str] = []  # what stop() could not clean (real node cgroups)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def __enter__(self) -> "ControlPlane":
@@ -214,6 +225,11 @@ class ControlPlane:
             if self.options.kuberay and self.options.install_crds:
                 self.kuberay_crds_dir = build.binary_path("kuberay-crds", log=self.log)
             self._write_pki()
+            if self.options.real_node:
+                from tests.cluster.node import RealNode
+
+                self.node = RealNode(self)
+                self.node.create_namespaces()
             self._start_etcd()
             self._start_apiserver()
             if self.options.install_crds:
@@ -228,6 +244,8 @@ class ControlPlane:
                 self._start_kuberay()
             if self.options.controller_manager:
                 self._wait_controller_manager()
+            if self.node is not None:
+                self.node.start()
         except BaseException:
             self.stop(keep_logs=bool(self.components))  # nothing to keep if nothing ran
             raise
@@ -240,6 +258,10 @@ class ControlPlane:
         for component in reversed(self.components):
             component.stop()
         self.components.clear()
+        if self.node is not None:
+            self.left_behind = self.node.stop()
+            if self.left_behind:
+                self.log(f"ERROR: could not remove {', '.join(self.left_behind)}")
         if keep_logs or self.keep_workdir or not self._owns_workdir:
             if self.workdir.exists():
                 self.log(f"control plane files kept in {self.workdir} (logs in {self.log_dir})")
@@ -285,7 +307,7 @@ class ControlPlane:
         self.ca = CertificateAuthority(self.pki_dir)
         self.serving = self.ca.issue("apiserver", "kube-apiserver", server_hosts=(
             "127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-            "kubernetes.default.svc.cluster.local"))
+            "kubernetes.default.svc.cluster.local", *(["10.246.0.1"] if self.options.real_node else [])))
         self.admin = self.ca.issue("admin", "forge-replay-test-admin", ("system:masters",), client=True)
         self.sa_keys = service_account_keys(self.pki_dir)
         self._write_kubeconfig(self.kubeconfig, self.admin, "admin")
@@ -308,11 +330,50 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(document, sort_keys=False))
         path.chmod(0o600)
 
-    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Component:
-        component = Component(name, argv, self.log_dir / f"{name}.log", env)
+    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None, join_namespaces: bool = True,
+                node: bool = False) -> Component:
+        """Start a component; with a real node it runs in the node's namespaces (``node``: and its cgroup)."""
+        preexec = _die_with_parent
+        if self.node is not None and join_namespaces:
+            real_node = self.node
+
+            def preexec() -> None:
+                _die_with_parent()
+                real_node.join(cgroup=node)
+
+        component = Component(name, argv, self.log_dir / f"{name}.log", env, preexec=preexec)
         component.start()
         self.components.append(component)
         return component
+
+    def _wait_for(self, what: str, check: Callable[[], bool], timeout: float, component: Component | None = None,
+                  interval: float = 0.2) -> None:
+        _wait(what, check, timeout, component, interval)
+
+    def _expose(self, port: int) -> None:
+        """With a real node: make 127.0.0.1:port inside the node's network namespace reachable on the host's
+        127.0.0.1:port (forward.py; the listening socket is the host's, the relayed connections the node's)."""
+        if self.node is None:
+            return
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(128)
+        real_node = self.node
+
+        def preexec() -> None:
+            _die_with_parent()
+            real_node.join_network_only()
+
+        component = Component(f"forward-{port}", [sys.executable, "-m", "tests.cluster.forward",
+                                                  f"{listener.fileno()}:{port}"],
+                              self.log_dir / f"forward-{port}.log", {"PYTHONPATH": str(REPO_ROOT)},
+                              preexec=preexec, pass_fds=(listener.fileno(),))
+        try:
+            component.start()
+        finally:
+            listener.close()
+        self.components.append(component)
 
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()
@@ -325,6 +386,7 @@ class ControlPlane:
             f"--initial-cluster=default={peer_url}", "--unsafe-no-fsync=true", "--log-level=warn",
             "--listen-metrics-urls=", f"--quota-backend-bytes={2 * 1024**3}",
         ])
+        self._expose(client)
 
         def healthy() -> bool:
             with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as response:
@@ -337,21 +399,33 @@ class ControlPlane:
         # TaintNodesByCondition would put a not-ready taint on every new node that only the node-lifecycle
         # controller removes; KWOK's nodes are Ready at once and that controller is not run here.
         disabled = ["TaintNodesByCondition"] + ([] if self.options.controller_manager else ["ServiceAccount"])
+        # With a real node the API server listens on every address of the node's network namespace (pods reach
+        # it through the `kubernetes` Service), authorizes kubelets with the Node authorizer and reaches them
+        # with a client certificate of its own (kubectl logs/exec).
+        real_node = []
+        if self.node is not None:
+            kubelet_client = self.ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                           ("system:masters",), client=True)
+            real_node = [f"--kubelet-client-certificate={kubelet_client.cert}",
+                         f"--kubelet-client-key={kubelet_client.key}",
+                         "--kubelet-preferred-address-types=InternalIP"]
         argv = [
             str(self.binaries["kube-apiserver"]),
-            f"--etcd-servers={self.etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--etcd-servers={self.etcd_url}", f"--bind-address={'0.0.0.0' if self.node else '127.0.0.1'}",
+            "--advertise-address=127.0.0.1",
             f"--secure-port={self.secure_port}", f"--cert-dir={pki}",
             f"--tls-cert-file={self.serving.cert}", f"--tls-private-key-file={self.serving.key}",
-            f"--client-ca-file={self.ca.pair.cert}", "--authorization-mode=RBAC",
+            f"--client-ca-file={self.ca.pair.cert}", f"--authorization-mode={'Node,RBAC' if self.node else 'RBAC'}",
             "--service-cluster-ip-range=10.0.0.0/24", f"--service-account-issuer={self.server}",
             f"--service-account-key-file={self.sa_keys.cert}",
             f"--service-account-signing-key-file={self.sa_keys.key}",
             "--allow-privileged=true", "--profiling=false", "--enable-priority-and-fairness=false",
             "--endpoint-reconciler-type=none", f"--disable-admission-plugins={','.join(disabled)}", "--v=1",
             f"--audit-policy-file={self._audit_policy()}", f"--audit-log-path={self.audit_log}",
-            "--audit-log-format=json", "--audit-log-mode=blocking",
+            "--audit-log-format=json", "--audit-log-mode=blocking", *real_node,
         ]
         apiserver = self._launch("kube-apiserver", argv)
+        self._expose(self.secure_port)
         _wait("kube-apiserver /readyz", lambda: self._admin_get("/readyz")[0] == 200, timeout=120,
               component=apiserver, interval=0.3)
 
@@ -415,9 +489,11 @@ class ControlPlane:
         identity = self.ca.issue("kube-controller-manager", "system:kube-controller-manager", client=True)
         kubeconfig = self.workdir / "kube-controller-manager.kubeconfig"
         self._write_kubeconfig(kubeconfig, identity, "system:kube-controller-manager")
+        # Pods on the real node mount PersistentVolumes: binding claims to them needs the PV controller.
+        controllers = CONTROLLERS + (REAL_NODE_CONTROLLERS if self.options.real_node else ())
         self.controller_manager = self._launch("kube-controller-manager", [
             str(self.binaries["kube-controller-manager"]), f"--kubeconfig={kubeconfig}",
-            "--leader-elect=false", "--secure-port=0", f"--controllers={','.join(CONTROLLERS)}",
+            "--leader-elect=false", "--secure-port=0", f"--controllers={','.join(controllers)}",
             "--use-service-account-credentials=true",
             f"--service-account-private-key-file={self.sa_keys.key}", f"--root-ca-file={self.ca.pair.cert}",
             "--concurrent-gc-syncs=5", "--v=1",
@@ -448,10 +524,12 @@ class ControlPlane:
             labels.update({"nvidia.com/gpu.product": GPU_PRODUCT, "nvidia.com/gpu.count": str(gpus),
                            "nvidia.com/gpu.present": "true"})
             capacity["nvidia.com/gpu"] = str(gpus)
+        # Beside a real node, fake nodes take only pods that tolerate it (a pod on one would never run).
+        taints = [{"key": FAKE_NODE_TAINT, "value": "true", "effect": "NoSchedule"}] if self.options.real_node else []
         return {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels, "annotations": {FAKE_NODE_ANNOTATION[0]: FAKE_NODE_ANNOTATION[1]}},
-            "spec": {},
+            "spec": {"taints": taints} if taints else {},
             "status": {"capacity": capacity, "allocatable": capacity,
                        "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
                                     "kubeletVersion": "fake", "kubeProxyVersion": "fake"}},
@@ -488,6 +566,7 @@ class ControlPlane:
             str(self.binaries["kuberay-operator"]), "--metrics-addr=0", f"--health-probe-bind-address=127.0.0.1:{probe}",
             "--enable-leader-election=false", "--log-stdout-encoder=console",
         ], env={"KUBECONFIG": str(self.kubeconfig)})
+        self._expose(probe)
 
         def ready() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{probe}/readyz", timeout=2) as response:

@@ -83,3 +83,25 @@ def test_missing_go_gives_a_clear_message(tmp_path, monkeypatch):
         build.binary_path("kwok")
     with pytest.raises(KeyError, match="declares 'no-such-tool'"):
         build.binary_path("no-such-tool")
+
+
+def test_real_node_modules_build_only_when_asked():
+    """scripts/test builds (and CI caches) the control plane only; kubelet & co. come with --real-node."""
+    real_node_parts = {"kubelet", "kube-proxy", "coredns", "pause"}
+    assert not real_node_parts & set(build.declared_names())
+    assert real_node_parts <= set(build.declared_names(real_node=True))
+    assert {m.name for m in build.module_dirs()} & {"node", "coredns", "pause"} == set()
+    for module in build.module_dirs(real_node=True):
+        assert (module / "go.sum").exists(), f"{module} has no committed go.sum"
+
+
+def test_real_node_kubelet_follows_the_control_planes_kubernetes_pin():
+    pin = re.compile(r"^\s*(?:require\s+)?k8s\.io/kubernetes\s+(v\S+)", re.MULTILINE)
+    control_plane = pin.search((build.GO_MODULES_DIR / "kubernetes" / "go.mod").read_text()).group(1)
+    node = build.GO_MODULES_DIR / "node"
+    assert pin.search((node / "go.mod").read_text()).group(1) == control_plane
+    replaces = re.compile(r"^\s*(k8s\.io/\S+) => (\S+ \S+)$", re.MULTILINE)
+    assert dict(replaces.findall((node / "go.mod").read_text())) == dict(
+        replaces.findall((build.GO_MODULES_DIR / "kubernetes" / "go.mod").read_text()))
+    for spec in build.parse_binaries(node):
+        assert f"version.gitVersion={control_plane}" in spec.extra_ldflags, spec.name

@@ -185,6 +185,36 @@ def test_deployment_args_parse_with_the_operator_cli() -> None:
     assert context.params["verbose"] is True
 
 
+def test_runtime_pod_resources_reach_the_rendered_pods() -> None:
+    """runtimeResources -> the operator's flags -> the requests of the head and CPU trainer pods, so a CPU
+    debug replay fits a small node (the test cluster's real node has 2 CPUs; the defaults ask for 7)."""
+    import click
+
+    from forge_replay.api import ForgeReplayJob
+    from forge_replay.controller.cli import operator
+    from forge_replay.controller.render import render
+    from forge_replay.controller.settings import OperatorSettings
+
+    small = {"head": {"cpu": "250m", "memory": "3Gi"}, "cpuWorker": {"cpu": "500m", "memory": "6Gi"}, "shmSize": "1Gi"}
+    (container,) = only(render_chart({"runtimeResources": small}), "Deployment")["spec"]["template"]["spec"][
+        "containers"]
+    params = operator.make_context("operator", list(container["args"])).params
+    settings = OperatorSettings(**{name: params[name] for name in (
+        "head_cpu", "head_memory", "cpu_worker_cpu", "cpu_worker_memory", "shm_size")})
+    job = ForgeReplayJob.model_validate(yaml.safe_load((REPO / "examples" / "smoke-cpu.yaml").read_text()))
+    objects = render(job, settings)
+    cluster = next(o for o in objects if o["kind"] == "RayJob")["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    assert head["containers"][0]["resources"]["requests"] == {"cpu": "250m", "memory": "3Gi"}
+    (worker,) = cluster["workerGroupSpecs"]
+    assert worker["template"]["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "6Gi"}
+    shm = next(v for v in head["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory")
+    assert shm["emptyDir"]["sizeLimit"] == "1Gi"
+    assert "runtimeResources" in render_error({"runtimeResources": {**small, "shmSize": "lots"}})
+    with pytest.raises(click.BadParameter, match="not a Kubernetes quantity"):
+        operator.make_context("operator", ["--head-memory=lots"])
+
+
 def test_runtime_uid_matches_the_runtime_image_user() -> None:
     dockerfile = (REPO / "images" / "runtime" / "Dockerfile").read_text()
     user = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("USER ")][-1]

@@ -147,9 +147,12 @@ def test_runtime_image_builds_on_sglang_and_installs_the_sglang_extra() -> None:
     import re
     import tomllib
 
-    (wanted,) = re.findall(r"forge_replay-\*\.whl'\)\[([a-z0-9_,-]+)\]", run)
+    (chosen,) = re.findall(r"forge_replay-\*\.whl'\)\[([^\]]+)\]", run)
+    assert chosen == "${FORGE_REPLAY_EXTRAS}", "the extras are a build argument (a CPU build leaves sglang out)"
+    (wanted,) = [i.arguments.split("=", 1)[1] for i in stages[-1]
+                 if i.keyword == "ARG" and i.arguments.startswith("FORGE_REPLAY_EXTRAS=")]
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert "sglang" in wanted.split(",")
+    assert "sglang" in wanted.split(","), "by default the image serves with sglang"
     for extra in wanted.split(","):
         assert extra in extras, f"images/runtime/Dockerfile installs forge-replay[{extra}], which pyproject lacks"
 

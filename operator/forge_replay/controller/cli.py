@@ -6,6 +6,7 @@ No torch, ray or kopf import at module level: `forge-replay render` stays fast.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from typing import Any
@@ -84,6 +85,16 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
     sys.stdout.write(objects_yaml(objects))
 
 
+# A Kubernetes resource quantity: "2", "500m", "1.5", "8Gi", "512M", "1e9".
+_QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+|m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+
+
+def _quantity(context: click.Context, parameter: click.Parameter, value: str) -> str:
+    if not _QUANTITY.match(value):
+        raise click.BadParameter(f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 8Gi)")
+    return value
+
+
 @click.command()
 @click.option("--namespace", "-n", "namespaces", multiple=True,
               help="Watch this namespace (repeatable). Without it the operator watches the whole cluster.")
@@ -103,6 +114,16 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
               help="Non-root UID/GID of the runtime pods.")
 @click.option("--ray-version", default=OperatorSettings.ray_version, show_default=True,
               help="Ray version of the runtime image (the RayCluster's rayVersion).")
+@click.option("--head-cpu", default=OperatorSettings.head_cpu, show_default=True, callback=_quantity,
+              help="CPU request of the Ray head pod.")
+@click.option("--head-memory", default=OperatorSettings.head_memory, show_default=True, callback=_quantity,
+              help="Memory request and limit of the Ray head pod.")
+@click.option("--cpu-worker-cpu", default=OperatorSettings.cpu_worker_cpu, show_default=True, callback=_quantity,
+              help="CPU request of a trainer pod when trainer.gpusPerNode is 0.")
+@click.option("--cpu-worker-memory", default=OperatorSettings.cpu_worker_memory, show_default=True,
+              callback=_quantity, help="Memory request and limit of a trainer pod when trainer.gpusPerNode is 0.")
+@click.option("--shm-size", default=OperatorSettings.shm_size, show_default=True, callback=_quantity,
+              help="Size of the in-memory /dev/shm of the Ray pods (capped by each pod's memory limit).")
 @click.option("--leader-election-namespace", default=None,
               help="Take the Lease forge-replay-operator in this namespace before acting (two replicas are safe).")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
@@ -116,6 +137,11 @@ def operator(
     watch_server_timeout: int,
     runtime_uid: int,
     ray_version: str,
+    head_cpu: str,
+    head_memory: str,
+    cpu_worker_cpu: str,
+    cpu_worker_memory: str,
+    shm_size: str,
     leader_election_namespace: str | None,
     verbose: bool,
 ) -> None:
@@ -130,6 +156,11 @@ def operator(
         watch_client_timeout=watch_server_timeout + 30,
         runtime_uid=runtime_uid,
         ray_version=ray_version,
+        head_cpu=head_cpu,
+        head_memory=head_memory,
+        cpu_worker_cpu=cpu_worker_cpu,
+        cpu_worker_memory=cpu_worker_memory,
+        shm_size=shm_size,
         leader_election_namespace=leader_election_namespace or None,
     )
     run_operator(settings, kubeconfig=kubeconfig, verbose=verbose)
@@ -162,6 +193,7 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
     if settings.leader_election_namespace:
         _lead(kube, settings, lambda: (lease_lost.set(), stop_flag.set()))
     kopf.run(
+        identity=replica_identity(),  # never kopf's default, the login name (see replica_identity)
         standalone=True,  # no kopf peering: the Lease (when configured) decides who acts
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
@@ -173,14 +205,24 @@ def run_operator(settings: OperatorSettings, *, kubeconfig: str | None = None, v
         raise SystemExit("lost the leader Lease: exiting so that a fresh process queues for it")
 
 
-def _lead(kube, settings: OperatorSettings, on_lost) -> None:
-    """Block until this replica holds the Lease; then keep it, and call ``on_lost`` (stop kopf) if it is lost."""
+def replica_identity() -> str:
+    """This replica's name, for the Lease and for kopf: the pod's name (POD_NAME, set by the chart) or the host
+    name, and the pid.
+
+    Never the login name, which kopf would otherwise look up (getpass.getuser()): the image runs as a numeric
+    user with no passwd entry, where that lookup raises KeyError and the operator dies at start.
+    """
     import os
     import socket
 
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+
+
+def _lead(kube, settings: OperatorSettings, on_lost) -> None:
+    """Block until this replica holds the Lease; then keep it, and call ``on_lost`` (stop kopf) if it is lost."""
     from forge_replay.controller.leader import LeaderElector
 
-    identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+    identity = replica_identity()
     elector = LeaderElector(
         kube, settings.leader_election_namespace, settings.leader_election_name, identity,
         lease_seconds=settings.lease_seconds, renew_seconds=settings.lease_seconds / 3, on_lost=on_lost,

@@ -1,0 +1,3 @@
+module forgereplay.test/cluster/pause
+
+go 1.26.0

@@ -1,0 +1,257 @@
+"""The product's images, built locally for the real node: no registry, no Docker engine.
+
+    python -m tests.cluster images              # build what is missing (cached), print names and sizes
+    python -m tests.cluster images --rebuild operator
+
+Layers (each cached under ``<cache>/images/``, keyed by what it is built from):
+
+1. ``python-base``: a Debian 12 root filesystem from Debian's packages (mmdebstrap) with python3, pip, bash,
+   wget and passwd, added to an empty buildah image. Like the ``python:3.11-slim`` image the operator's
+   Dockerfile names, its Python is the image's own (no EXTERNALLY-MANAGED marker) and ``python`` is python3.
+2. ``runtime-base-cpu``: python-base plus the runtime's dependencies (torch, ray, transformers...) from PyPI:
+   the CPU stand-in for the sglang image the runtime's Dockerfile starts from. Built once per machine
+   (about 6 GB: PyPI's torch carries CUDA libraries).
+3. ``operator`` and ``runtime``: ``images/operator/Dockerfile`` and ``images/runtime/Dockerfile`` as they are,
+   with ``PYTHON_IMAGE`` / ``SGLANG_IMAGE`` pointing at the bases above and ``FORGE_REPLAY_EXTRAS=runtime``
+   (a CPU build leaves sglang out). Rebuilt when the Dockerfile, pyproject.toml or operator/ change.
+
+Builds run ``buildah build --network host --isolation chroot`` (nothing is created on the host's network)
+with storage under the cache, each in a private mount namespace (no mount stays on the host). pip inside a
+build trusts the host's CA bundle through read-only mounts that exist only while a RUN step runs: the
+bundle and a pip.conf naming it (``cert``, what ``PIP_CERT`` sets), so neither ends up in a layer. Images leave buildah as
+uncompressed OCI archives that the node's containerd imports (node.RealNode.import_image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.cluster import build
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REGISTRY = "forge-replay.test"
+HOST_CA_BUNDLE = Path(os.environ.get("FORGE_REPLAY_BUILD_CA", "/etc/ssl/certs/ca-certificates.crt"))
+BUILD_SECRETS_DIR = "/run/forge-replay-build"  # where the CA bundle and pip.conf are mounted during RUN
+BASE_PACKAGES = ("python3", "python-is-python3", "python3-pip", "python3-venv", "wget", "ca-certificates", "passwd",
+                 "procps")
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+RUNTIME_EXTRAS = "runtime"  # pyproject's extras a CPU runtime image installs (sglang needs CUDA)
+
+
+class ImageBuildError(RuntimeError):
+    """An image could not be built (the message has the tool's output)."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built image: its local name (``forge-replay.test/<name>:<key>``) and its OCI archive."""
+
+    name: str
+    reference: str
+    archive: Path
+
+
+def images_dir() -> Path:
+    return build.cache_root() / "images"
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _digest(*parts: bytes | str | Path) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            files = sorted(p for p in part.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
+                if part.is_dir() else [part]
+            for file in files:
+                digest.update(str(file.relative_to(REPO_ROOT) if file.is_relative_to(REPO_ROOT) else file).encode())
+                digest.update(file.read_bytes())
+        else:
+            digest.update(part.encode() if isinstance(part, str) else part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def _buildah(*args: str, timeout: float = 7200, log_path: Path | None = None) -> str:
+    # In a private mount namespace with a fresh /run: buildah's storage mounts (its overlay directory, build
+    # containers) and its run state end with the command instead of staying mounted on the host.
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs tmpfs /run && exec "$@"',
+            "sh", "buildah", f"--root={images_dir() / 'buildah' / 'storage'}", "--runroot=/run/buildah",
+            "--storage-driver=overlay", *args]
+    started = time.monotonic()
+    if log_path is not None:
+        with open(log_path, "ab") as log:
+            log.write(f"$ {' '.join(argv)}\n".encode())
+            log.flush()
+            result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+        if result.returncode != 0:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-60:])
+            raise ImageBuildError(f"buildah {args[0]} failed ({result.returncode}); log {log_path}:\n{tail}")
+        return ""
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise ImageBuildError(f"buildah {' '.join(args)} failed ({result.returncode}) after "
+                              f"{time.monotonic() - started:.0f}s:\n{result.stderr[-4000:]}")
+    return result.stdout
+
+
+def _build_mounts() -> list[str]:
+    """--volume flags: the host CA bundle and a pip.conf trusting it, read-only, during RUN steps only."""
+    secrets = images_dir() / "build-secrets"
+    secrets.mkdir(parents=True, exist_ok=True)
+    pip_conf = secrets / "pip.conf"
+    pip_conf.write_text(f"[global]\ncert = {BUILD_SECRETS_DIR}/ca.crt\ndisable-pip-version-check = true\n")
+    if not HOST_CA_BUNDLE.exists():
+        raise ImageBuildError(f"no CA bundle at {HOST_CA_BUNDLE} (set FORGE_REPLAY_BUILD_CA)")
+    return [f"--volume={HOST_CA_BUNDLE}:{BUILD_SECRETS_DIR}/ca.crt:ro",
+            f"--volume={pip_conf}:/etc/pip.conf:ro"]
+
+
+def _export(reference: str, archive: Path, log_path: Path) -> None:
+    partial = archive.with_name(f".{archive.name}.partial")
+    partial.unlink(missing_ok=True)
+    _buildah("push", "--disable-compression", reference, f"oci-archive:{partial}:{reference}", log_path=log_path)
+    partial.replace(archive)
+
+
+def _have(reference: str) -> bool:
+    out = _buildah("images", "--format", "{{.Name}}:{{.Tag}}")
+    return reference in out.split()
+
+
+def python_base(log_path: Path) -> str:
+    """Debian 12 + python3 + pip (mmdebstrap), imported into buildah; returns its reference."""
+    key = _digest(DEBIAN_SUITE, DEBIAN_MIRROR, " ".join(BASE_PACKAGES))
+    reference = f"{REGISTRY}/python-base:{key}"
+    if _have(reference):
+        return reference
+    tarball = images_dir() / f"python-base-{key}.tar"
+    if not tarball.exists():
+        _log(f"building the Debian base root filesystem ({', '.join(BASE_PACKAGES)}) with mmdebstrap ...")
+        partial = tarball.with_name(f".{tarball.name}.partial.tar")
+        # The image's Python is its own (as in python:3.11-slim): pip installs without PEP 668's refusal.
+        hook = "rm -f $1/usr/lib/python3*/EXTERNALLY-MANAGED; rm -rf $1/var/lib/apt/lists/* $1/var/cache/apt/*"
+        with open(log_path, "ab") as log:
+            result = subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "mmdebstrap", "--mode=root", "--variant=apt",
+                 f"--include={','.join(BASE_PACKAGES)}", f"--customize-hook={hook}", DEBIAN_SUITE, str(partial),
+                 DEBIAN_MIRROR], stdout=log, stderr=subprocess.STDOUT)
+        if result.returncode != 0:
+            raise ImageBuildError(f"mmdebstrap failed ({result.returncode}); log {log_path}")
+        partial.replace(tarball)
+    container = _buildah("from", "scratch").strip()
+    try:
+        _buildah("add", container, str(tarball), "/")
+        _buildah("config", "--cmd", "python3", "--env", "LANG=C.UTF-8", container)
+        _buildah("commit", "--quiet", container, reference)
+    finally:
+        _buildah("rm", container)
+    return reference
+
+
+def runtime_base(log_path: Path) -> str:
+    """python-base + the runtime's dependencies from PyPI: the CPU stand-in for the sglang image."""
+    base = python_base(log_path)
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    key = _digest(base, pyproject, RUNTIME_EXTRAS)
+    reference = f"{REGISTRY}/runtime-base-cpu:{key}"
+    if _have(reference):
+        return reference
+    _log("building the CPU runtime base (torch, ray, transformers from PyPI; about 15 minutes, once) ...")
+    context = images_dir() / "runtime-base-context"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    shutil.copy2(REPO_ROOT / "pyproject.toml", context / "pyproject.toml")
+    # Only the dependencies (resolved from pyproject's extras); the package itself comes with the Dockerfile.
+    (context / "Containerfile").write_text(
+        f"FROM {base}\n"
+        "COPY pyproject.toml /tmp/deps/pyproject.toml\n"
+        "RUN python3 -c \"import tomllib; p = tomllib.load(open('/tmp/deps/pyproject.toml', 'rb'))['project']; "
+        f"extras = '{RUNTIME_EXTRAS}'.split(','); "
+        "print('\\n'.join(p['dependencies'] + [d for e in extras for d in p['optional-dependencies'][e]]))\" "
+        "> /tmp/deps/requirements.txt && python3 -m pip install --no-cache-dir -r /tmp/deps/requirements.txt "
+        "&& rm -rf /tmp/deps\n")
+    _buildah("build", "--network=host", "--isolation=chroot", *_build_mounts(), "--layers=false",
+             f"--tag={reference}", f"--file={context / 'Containerfile'}", str(context), log_path=log_path)
+    return reference
+
+
+def product_image(name: str, log_path: Path, rebuild: bool = False) -> Image:
+    """images/<name>/Dockerfile built as it is, on the local CPU bases; cached by its inputs."""
+    dockerfile = REPO_ROOT / "images" / name / "Dockerfile"
+    if name == "operator":
+        base = python_base(log_path)
+        build_args = [f"--build-arg=PYTHON_IMAGE={base}"]
+    elif name == "runtime":
+        base = runtime_base(log_path)
+        build_args = [f"--build-arg=SGLANG_IMAGE={base}", f"--build-arg=FORGE_REPLAY_EXTRAS={RUNTIME_EXTRAS}"]
+    else:
+        raise ImageBuildError(f"no images/{name}/Dockerfile")
+    key = _digest(base, dockerfile, REPO_ROOT / "pyproject.toml", REPO_ROOT / "README.md", REPO_ROOT / "operator")
+    reference = f"{REGISTRY}/{name}:{key}"
+    archive = images_dir() / f"{name}-{key}.tar"
+    if archive.exists() and not rebuild:
+        return Image(name, reference, archive)
+    if rebuild or not _have(reference):
+        started = time.monotonic()
+        _log(f"building {reference} from images/{name}/Dockerfile ...")
+        _buildah("build", "--network=host", "--isolation=chroot", *_build_mounts(), "--layers=false",
+                 *build_args, f"--tag={reference}", f"--file={dockerfile}", str(REPO_ROOT), log_path=log_path)
+        _log(f"built {reference} in {time.monotonic() - started:.0f}s")
+    _export(reference, archive, log_path)
+    _prune(name, reference, archive)
+    return Image(name, reference, archive)
+
+
+def _prune(name: str, reference: str, archive: Path) -> None:
+    """Drop the older builds of an image (archives of GBs and buildah's copies): only the current one is used."""
+    for old in images_dir().glob(f"{name}-*.tar"):
+        if old != archive:
+            old.unlink()
+    repository = reference.rsplit(":", 1)[0]
+    for other in _buildah("images", "--format", "{{.Name}}:{{.Tag}}").split():
+        if other.rsplit(":", 1)[0] == repository and other != reference:
+            _buildah("rmi", other)
+
+
+def build_images(names: tuple[str, ...] = ("operator", "runtime"), rebuild: tuple[str, ...] = ()) -> list[Image]:
+    """Build (or find cached) the product images; returns them with their archives."""
+    if shutil.which("buildah") is None or shutil.which("mmdebstrap") is None:
+        raise ImageBuildError("building images needs Debian's buildah and mmdebstrap "
+                              "(apt-get install buildah mmdebstrap uidmap fuse-overlayfs)")
+    images_dir().mkdir(parents=True, exist_ok=True)
+    log_path = images_dir() / "build.log"
+    return [product_image(name, log_path, rebuild=name in rebuild) for name in names]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster.images", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", default=["operator", "runtime"])
+    parser.add_argument("--rebuild", action="append", default=[], help="rebuild this image even if cached")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        built = build_images(tuple(args.names), tuple(args.rebuild))
+    except ImageBuildError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    for image in built:
+        print(f"{image.reference:<48} {image.archive.stat().st_size / 1024**3:6.2f} GiB  {image.archive}")
+    print(f"total {time.monotonic() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
