@@ -3,7 +3,9 @@ installed by scripts/test), never our reading of it. Without sglang they are ski
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -105,10 +107,32 @@ def collect_run(work: Path, process: subprocess.Popen, timeout: float = 600) -> 
     return run
 
 
+def _as_json(run: RecordedRun) -> dict:
+    result = run.result
+    return {"args": result.args, "returncode": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
+            "engines": run.engines, "report": run.report}
+
+
+def _from_json(data: dict) -> RecordedRun:
+    result = subprocess.CompletedProcess(data["args"], data["returncode"], data["stdout"], data["stderr"])
+    return RecordedRun(result, {int(port): engine for port, engine in data["engines"].items()}, data["report"])
+
+
 @pytest.fixture(scope="session")
 def recorded_runs(tmp_path_factory) -> dict[str, RecordedRun]:
-    """The :data:`RECORDED_RUNS`, each run once per session, side by side (each spends most of its minute waiting
-    on Ray's and the engines' start-up)."""
-    base = tmp_path_factory.mktemp("recorded-runs")
-    started = {name: start_forge_job(base / name, name, extra) for name, extra in RECORDED_RUNS.items()}
-    return {name: collect_run(base / name, process) for name, process in started.items()}
+    """The :data:`RECORDED_RUNS`, each run once per pytest run, side by side (each spends most of its minute waiting
+    on Ray's and the engines' start-up). Under pytest-xdist the first worker that needs them runs them and the
+    others read what it recorded, under a lock in the run's shared temporary folder."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # <basetemp>/popen-gwN: the parent is the whole run's
+    base = shared / "recorded-runs"
+    with open(shared / "recorded-runs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        recorded = base / "runs.json"
+        if not recorded.exists():
+            base.mkdir(exist_ok=True)
+            started = {name: start_forge_job(base / name, name, extra) for name, extra in RECORDED_RUNS.items()}
+            runs = {name: collect_run(base / name, process) for name, process in started.items()}
+            recorded.write_text(json.dumps({name: _as_json(run) for name, run in runs.items()}))
+        return {name: _from_json(data) for name, data in json.loads(recorded.read_text()).items()}
