@@ -9,8 +9,8 @@ Layers (each cached under ``<cache>/images/``, keyed by what it is built from):
    wget and passwd, added to an empty buildah image. Like the ``python:3.11-slim`` image the operator's
    Dockerfile names, its Python is the image's own (no EXTERNALLY-MANAGED marker) and ``python`` is python3.
 2. ``runtime-base-cpu``: python-base plus the runtime's dependencies (torch, ray, transformers...) from PyPI:
-   the CPU stand-in for the sglang image the runtime's Dockerfile starts from. Built once per machine
-   (about 6 GB: PyPI's torch carries CUDA libraries).
+   the CPU stand-in for the sglang image the runtime's Dockerfile starts from. Built once per machine (about
+   6 GB unpacked: PyPI's torch carries CUDA libraries), again only when those requirement lines change.
 3. ``operator`` and ``runtime``: ``images/operator/Dockerfile`` and ``images/runtime/Dockerfile`` as they are,
    with ``PYTHON_IMAGE`` / ``SGLANG_IMAGE`` pointing at the bases above and ``FORGE_REPLAY_EXTRAS=runtime``
    (a CPU build leaves sglang out). Rebuilt when the Dockerfile, pyproject.toml or operator/ change.
@@ -18,8 +18,9 @@ Layers (each cached under ``<cache>/images/``, keyed by what it is built from):
 Builds run ``buildah build --network host --isolation chroot`` (nothing is created on the host's network)
 with storage under the cache, each in a private mount namespace (no mount stays on the host). pip inside a
 build trusts the host's CA bundle through read-only mounts that exist only while a RUN step runs: the
-bundle and a pip.conf naming it (``cert``, what ``PIP_CERT`` sets), so neither ends up in a layer. Images leave buildah as
-uncompressed OCI archives that the node's containerd imports (node.RealNode.import_image).
+bundle and a pip.conf naming it (``cert``, what ``PIP_CERT`` sets), so neither's content ends up in a layer
+(buildah leaves their two mount points as empty files). Images leave buildah as uncompressed OCI archives
+that the node's containerd imports (node.RealNode.import_image).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,11 +162,21 @@ def python_base(log_path: Path) -> str:
     return reference
 
 
+def runtime_requirements() -> list[str]:
+    """pyproject's base dependencies and those of RUNTIME_EXTRAS: what the CPU runtime base installs."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    return list(project["dependencies"]) + [d for extra in RUNTIME_EXTRAS.split(",") for d in extras[extra]]
+
+
 def runtime_base(log_path: Path) -> str:
-    """python-base + the runtime's dependencies from PyPI: the CPU stand-in for the sglang image."""
+    """python-base + the runtime's dependencies from PyPI: the CPU stand-in for the sglang image.
+
+    Keyed by the requirement lines themselves, so that an unrelated change to pyproject.toml (a dev tool, a
+    pytest option) does not rebuild 6 GB of torch and ray."""
     base = python_base(log_path)
-    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
-    key = _digest(base, pyproject, RUNTIME_EXTRAS)
+    requirements = "\n".join(runtime_requirements()) + "\n"
+    key = _digest(base, requirements)
     reference = f"{REGISTRY}/runtime-base-cpu:{key}"
     if _have(reference):
         return reference
@@ -172,16 +184,11 @@ def runtime_base(log_path: Path) -> str:
     context = images_dir() / "runtime-base-context"
     shutil.rmtree(context, ignore_errors=True)
     context.mkdir(parents=True)
-    shutil.copy2(REPO_ROOT / "pyproject.toml", context / "pyproject.toml")
-    # Only the dependencies (resolved from pyproject's extras); the package itself comes with the Dockerfile.
+    (context / "requirements.txt").write_text(requirements)
     (context / "Containerfile").write_text(
         f"FROM {base}\n"
-        "COPY pyproject.toml /tmp/deps/pyproject.toml\n"
-        "RUN python3 -c \"import tomllib; p = tomllib.load(open('/tmp/deps/pyproject.toml', 'rb'))['project']; "
-        f"extras = '{RUNTIME_EXTRAS}'.split(','); "
-        "print('\\n'.join(p['dependencies'] + [d for e in extras for d in p['optional-dependencies'][e]]))\" "
-        "> /tmp/deps/requirements.txt && python3 -m pip install --no-cache-dir -r /tmp/deps/requirements.txt "
-        "&& rm -rf /tmp/deps\n")
+        "COPY requirements.txt /tmp/requirements.txt\n"
+        "RUN python3 -m pip install --no-cache-dir -r /tmp/requirements.txt && rm /tmp/requirements.txt\n")
     _buildah("build", "--network=host", "--isolation=chroot", *_build_mounts(), "--layers=false",
              f"--tag={reference}", f"--file={context / 'Containerfile'}", str(context), log_path=log_path)
     return reference
