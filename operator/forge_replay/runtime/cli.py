@@ -21,6 +21,24 @@ _STOPPED_BY: list[int] = []
 """The signal (SIGINT or SIGTERM) that asked the run to stop, once one has."""
 
 
+def _ignore_further_signals() -> None:
+    """The run is stopping and has said how: from here on SIGINT/SIGTERM (a second Ctrl-C) must not cut the
+    clean-up short."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _exit_stopped(code: int) -> None:
+    """Exit with 130 / 143 once a stopped run has cleaned up. Not sys.exit: a stop that landed while Ray or torch
+    was starting could still end the interpreter's own shutdown as a death by SIGINT (exit status -2, seen about
+    one time in two when the signal came while the local Ray started), which is not what the README promises."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _stop_run(signum, frame) -> None:
     """Unwind the run on the first SIGINT/SIGTERM (engines and trainer are stopped in its ``finally``); later
     signals are noted and ignored so that the clean-up itself is not cut short.
@@ -203,7 +221,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
         code = 143 if _STOPPED_BY and _STOPPED_BY[0] == signal.SIGTERM else 130
         click.echo(f"forge-replay run {file}: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'} "
                    "while starting; nothing was trained", err=True)
-        sys.exit(code)
+        _ignore_further_signals()
+        _exit_stopped(code)
 
 
 def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
@@ -308,6 +327,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
     ray_connected = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     local = None if ray_connected else LocalRay(cpus)
     connected = False
+    stopped_code = None
     try:
         if local is not None:  # interrupted half-way, the finally below stops what it started
             try:
@@ -330,11 +350,13 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
             err(f"forge-replay run {file}: {how_stopped} while starting Ray; nothing was trained" if not connected else
                 f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in "
                 f"{results_dir} holds the steps finished so far")
-            sys.exit(code)
-        if isinstance(exc, (ReplayRunError, LocalRayError)):
+            _ignore_further_signals()
+            stopped_code = code  # exits after the clean-up below
+        elif isinstance(exc, (ReplayRunError, LocalRayError)):
             err(f"forge-replay run {file}: {exc}")
             sys.exit(EXIT_FAILED)
-        raise
+        else:
+            raise
     finally:
         if local is not None:
             try:
@@ -342,3 +364,5 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
                     sys.modules["ray"].shutdown()
             finally:
                 local.stop()
+    if stopped_code is not None:
+        _exit_stopped(stopped_code)
