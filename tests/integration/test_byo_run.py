@@ -32,6 +32,12 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
         },
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    # A previous run in the same folder: its files are set aside, and its memory probe's record (a peak far over
+    # this run's) is not counted in this run's peak.
+    (tmp_path / "results" / "probe").mkdir(parents=True)
+    stale = {"source": "rss", "host": "old-host", "pid": 1, "peak_rss_gib": 512.0, "peak_allocated_gib": None}
+    (tmp_path / "results" / "probe" / "probe-old-host-1.json").write_text(json.dumps(stale))
+    (tmp_path / "results" / "trainer.log").write_text("the previous run's log")
     done = subprocess.run(
         [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--synth-missing", "--trainer-root",
          str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
@@ -54,9 +60,12 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     record = json.loads((tmp_path / "results" / "job.json").read_text())
     assert record["status"] == "SUCCEEDED" and record["entrypoint"].startswith(f"cd {STAND_IN} && python3 train.py ")
     assert "stand-in train" in (tmp_path / "results" / "trainer.log").read_text()
+    assert (tmp_path / "results" / "trainer.previous.log").read_text() == "the previous run's log"
+    assert [p.name for p in (tmp_path / "results" / "probe.previous").iterdir()] == ["probe-old-host-1.json"]
+    assert not (tmp_path / "results" / ".forge-replay.lock").exists()
     # the memory probe (Ray's worker_process_setup_hook) saw the Ray workers that held the torch tensors
     peak = record["memory_peak"]
-    assert peak["source"] == "rss" and peak["peak_rss_gib"] >= 96 / 1024 and peak["pid"] > 0, peak
+    assert peak["source"] == "rss" and 96 / 1024 <= peak["peak_rss_gib"] < 64 and peak["pid"] > 1, peak
     # the entrypoint's publish step wrote report.json and progress.json after the script, as it does in a pod
     written = json.loads((tmp_path / "results" / "report.json").read_text())
     assert (written["backend"], written["exit_code"], written["job"]) == ("miles", 0, "byo-miles")
@@ -66,3 +75,28 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     progress = json.loads((tmp_path / "results" / "progress.json").read_text())
     assert progress["result"]["phase"] == "Failed" and progress["completed"] == 3  # what the operator reads
     assert progress["result"]["expectations"][0]["name"] == "maxPeakMemoryGiB"
+
+
+def test_a_byo_run_on_results_in_use_is_refused_naming_the_run_that_holds_them(tmp_path) -> None:
+    # The builtin trainer's folder rule holds for slime / miles runs: refused in seconds, nothing set aside.
+    from forge_replay.runtime.results import ResultsLock
+
+    job = {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "second"},
+           "spec": {"replay": {"mode": "debug", "numRollouts": 1,
+                               "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt"}},
+                    "model": {"config": {"hidden_size": 8}},
+                    "trainer": {"backend": "slime", "image": "team/slime:v1", "workingDir": "/root/slime",
+                                "args": ["--rollout-batch-size", "4"]}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "report.json").write_text("the first run's report")
+    with ResultsLock(tmp_path / "results", "first"):
+        done = subprocess.run(
+            [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--synth-missing", "--trainer-root",
+             str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "results folder results is in use by job 'first' (pid " in done.stderr, done.stderr
+    assert (tmp_path / "results" / "report.json").read_text() == "the first run's report"
+    assert not (tmp_path / "dumps").exists()  # refused before any dump was synthesized

@@ -336,22 +336,24 @@ def test_every_upstream_line_the_docs_cite_is_in_the_data() -> None:
 
 
 def test_run_says_the_same_notes_before_anything_runs(tmp_path) -> None:
-    from forge_replay.backends.local import run_cli
+    from forge_replay.backends.local import input_problem
 
     job = parse_job(byo_job("miles", "debug", spec__trainer__gpusPerNode=0))
     said: list[str] = []
-    assert run_cli("job.yaml", job, str(tmp_path), "dumps", "results", False, said.append) == 2  # no train.py there
+    problem = input_problem("job.yaml", job, str(tmp_path), "dumps", False, said.append)
+    assert problem == f"job.yaml: {tmp_path / job.spec.trainer.script} does not exist (spec.trainer.script under " \
+                      "--trainer-root)"
     assert any("note: spec.trainer.gpusPerNode 0 injects --actor-num-gpus-per-node 0" in line for line in said), said
 
 
 def test_run_with_a_missing_dumps_root_is_unusable_input_as_for_the_builtin_trainer(tmp_path) -> None:
-    from forge_replay.backends.local import run_cli
+    from forge_replay.backends.local import input_problem
 
     job = parse_job(byo_job("slime", "debug"))
     (tmp_path / job.spec.trainer.script).write_text("")
-    said: list[str] = []
-    assert run_cli("job.yaml", job, str(tmp_path), str(tmp_path / "none"), "results", False, said.append) == 2
-    assert any(f"dumps root {tmp_path / 'none'} does not exist" in line for line in said), said
+    problem = input_problem("job.yaml", job, str(tmp_path), str(tmp_path / "none"), False, lambda line: None)
+    assert problem == f"job.yaml: dumps root {tmp_path / 'none'} does not exist; pass --dumps-root DIR, or --synth-missing"
+    assert input_problem("job.yaml", job, str(tmp_path), str(tmp_path / "none"), True, lambda line: None) is None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -115,6 +115,18 @@ def test_the_previous_report_is_set_aside_and_kept(tmp_path):
     assert set_previous_aside(tmp_path) == []
 
 
+def test_a_byo_runs_logs_and_memory_probes_are_set_aside_two_runs_over(tmp_path):
+    # a slime / miles run's probe folder: left in place, the next run's memory peak counted these files too
+    for run in ("first", "second"):
+        (tmp_path / "probe").mkdir()
+        (tmp_path / "probe" / f"probe-host-{run}.json").write_text(run)
+        (tmp_path / "trainer.log").write_text(f"{run} log")
+        assert set_previous_aside(tmp_path) == ["trainer.previous.log", "probe.previous"]
+        assert not (tmp_path / "probe").exists() and not (tmp_path / "trainer.log").exists()
+    assert [p.name for p in (tmp_path / "probe.previous").iterdir()] == ["probe-host-second.json"]
+    assert (tmp_path / "trainer.previous.log").read_text() == "second log"
+
+
 def test_an_unwritable_results_folder_is_named(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

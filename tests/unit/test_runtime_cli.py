@@ -193,3 +193,29 @@ def test_run_takes_a_gitops_file_with_one_job_and_other_kinds(tmp_path):
         path.write_text(yaml.safe_dump_all(docs))
         with pytest.raises(_Unusable, match=re.escape(fragment)):
             load_one_job(str(path))
+
+
+def test_a_stop_written_off_as_unraisable_is_acted_on_and_not_shown(capsys):
+    # A SIGTERM whose KeyboardInterrupt landed inside Ray's Cython import: Python wrote it off ("Exception ignored
+    # ... Traceback" on stderr) and the run went on to finish with exit 0.
+    import signal
+    import sys
+
+    from forge_replay.runtime import cli
+
+    class WrittenOff:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    hook, sys.unraisablehook = sys.unraisablehook, cli._unraisable_unless_our_stop
+    try:
+        WrittenOff()  # no stop asked: shown as Python shows it
+        assert "KeyboardInterrupt" in capsys.readouterr().err
+        cli._STOPPED_BY.append(signal.SIGTERM)
+        WrittenOff()
+        assert capsys.readouterr().err == ""
+        with pytest.raises(KeyboardInterrupt):  # the next phase of the run acts on it
+            cli._stop_point()
+    finally:
+        sys.unraisablehook = hook
+        cli._STOPPED_BY.clear()

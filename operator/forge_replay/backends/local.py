@@ -135,36 +135,42 @@ def run_local(spec: Any, trainer_root: str, dumps_root: str, results_dir: str, e
         head.stop()
 
 
-def run_cli(file: str, job: Any, trainer_root: str | None, dumps_root: str, results_dir: str, synth_missing: bool,
-            err: Callable[[str], None]) -> int:
-    """``forge-replay run`` for a slime / miles job: its exit status (0 succeeded, 1 failed, 2 unusable input)."""
-    from forge_replay.runtime.cli import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, _Unusable, synthesize_if_absent
-
+def input_problem(file: str, job: Any, trainer_root: str | None, dumps_root: str, synth_missing: bool,
+                  err: Callable[[str], None]) -> str | None:
+    """Why ``forge-replay run`` cannot run this slime / miles job (unusable input, exit 2), or None; said before
+    anything is written. Prints the job's notes (as validate says them) on the way."""
     spec = job.spec
     if spec.trainer.backend == "builtin":
-        err(f"{file}: --trainer-root runs a slime or miles script; spec.trainer.backend is builtin")
-        return EXIT_UNUSABLE
+        return f"{file}: --trainer-root runs a slime or miles script; spec.trainer.backend is builtin"
     if not trainer_root:
-        err(f"{file}: backend {spec.trainer.backend} runs the team's {spec.trainer.script}: pass --trainer-root DIR, "
-            f"the local folder standing in for spec.trainer.workingDir ({spec.trainer.working_dir})")
-        return EXIT_UNUSABLE
+        return (f"{file}: backend {spec.trainer.backend} runs the team's {spec.trainer.script}: pass --trainer-root "
+                f"DIR, the local folder standing in for spec.trainer.workingDir ({spec.trainer.working_dir})")
     from forge_replay.api.cli import job_notes
 
     for note in job_notes(spec):  # as validate says them: the upstream loader unpickles; no GPUs, a stand-in only
         err(f"{file}: note: {note}")
     script = Path(trainer_root, spec.trainer.script)
     if not script.is_file():
-        err(f"{file}: {script} does not exist (spec.trainer.script under --trainer-root)")
-        return EXIT_UNUSABLE
+        return f"{file}: {script} does not exist (spec.trainer.script under --trainer-root)"
+    if not synth_missing and not Path(dumps_root).is_dir():  # as for the builtin trainer (runtime.cli.missing_input)
+        return f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing"
+    return None
+
+
+def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir: str, synth_missing: bool,
+            err: Callable[[str], None]) -> int:
+    """``forge-replay run`` for a slime / miles job whose input :func:`input_problem` accepted, with its results
+    folder held (the caller's lock, the previous run's files set aside): its exit status (0 succeeded, 1 failed,
+    2 unusable input, 3 an unmet spec.expect)."""
+    from forge_replay.runtime.cli import EXIT_FAILED, EXIT_UNUSABLE, _Unusable, synthesize_if_absent
+
+    spec = job.spec
     if synth_missing:
         try:
             synthesize_if_absent(job, dumps_root, err)
         except _Unusable as exc:
             err(f"{file}: {exc}")
             return EXIT_UNUSABLE
-    elif not Path(dumps_root).is_dir():  # unusable input, as for the builtin trainer (runtime.cli.missing_input)
-        err(f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing")
-        return EXIT_UNUSABLE
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")

@@ -31,12 +31,8 @@ def _ignore_further_signals() -> None:
 
 
 class _Stopped(BaseException):
-    """A stopped run has cleaned up (engines, trainer, its local Ray) and unwinds to :func:`run` with its exit code;
-    the results folder's lock is released on the way (``_run``'s ``finally``)."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
+    """``_Stopped(code)``: a stopped run has cleaned up (engines, trainer, its local Ray) and unwinds to :func:`run`
+    with its exit code (``args[0]``); the results folder's lock is released on the way (``_run``'s ``finally``)."""
 
 
 def _note_further_signals() -> None:
@@ -58,6 +54,14 @@ def _exit_stopped(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _unraisable_unless_our_stop(unraisable) -> None:
+    """sys.unraisablehook during a run: the KeyboardInterrupt of :func:`_stop_run` written off where it landed (inside
+    Ray's Cython module's import, Python prints "Exception ignored ... Traceback") is not an error to show: the stop
+    is noted and :func:`_stop_point` acts on it. Anything else goes to Python's own hook."""
+    if not (issubclass(unraisable.exc_type, KeyboardInterrupt) and _STOPPED_BY):
+        sys.__unraisablehook__(unraisable)
 
 
 def _stop_point() -> None:
@@ -244,6 +248,7 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     _STOPPED_BY.clear()  # a stop noted by an earlier run in this process (in-process callers) is not this run's
     previous = {signum: signal.signal(signum, _stop_run)  # from the first moment: imports, synthesis, Ray's start
                 for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _unraisable_unless_our_stop
     try:
         _run(file, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress, baseline,
              trainer_root)
@@ -254,10 +259,11 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
                    "while starting; nothing was trained", err=True)
         _exit_stopped(code)
     except _Stopped as stopped:  # _replay has said how, and stopped what it started
-        _exit_stopped(stopped.code)
+        _exit_stopped(stopped.args[0])
     finally:  # a run that ended otherwise (called in-process: tests) leaves the caller's handlers as they were
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = previous_hook
 
 
 def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
@@ -275,16 +281,20 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
     results_dir = results_dir or os.path.join("results", name)
     if model_root is None and spec.model.path:
         model_root = os.path.join(LOCAL_STATE, "models", spec.model.claim_name or "")
-    if spec.trainer.backend != "builtin" or trainer_root:  # slime / miles: the team's script as a local Ray job
-        from forge_replay.backends.local import run_cli
+    byo = spec.trainer.backend != "builtin" or bool(trainer_root)  # slime / miles: the team's script, a Ray job
+    if byo:
+        from forge_replay.backends.local import input_problem, run_cli
 
-        sys.exit(run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err))
-
-    problem = missing_input(spec, dumps_root, model_root, synth_missing)
-    if problem:  # before anything is written: no results folder set aside, no dump synthesized
-        err(f"{file}: {problem}")
-        sys.exit(EXIT_UNUSABLE)
-    if spec.replay.mode == "forge":  # fail fast, before any dump is synthesized or Ray started
+        problem = input_problem(file, job, trainer_root, dumps_root, synth_missing, err)
+        if problem:  # before anything is written, as below
+            err(problem)
+            sys.exit(EXIT_UNUSABLE)
+    else:
+        problem = missing_input(spec, dumps_root, model_root, synth_missing)
+        if problem:  # before anything is written: no results folder set aside, no dump synthesized
+            err(f"{file}: {problem}")
+            sys.exit(EXIT_UNUSABLE)
+    if spec.replay.mode == "forge" and not byo:  # fail fast, before any dump is synthesized or Ray started
         from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
 
         problem = forge_prerequisite_problem(engine_command)
@@ -293,7 +303,7 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
             sys.exit(EXIT_UNUSABLE)
     from forge_replay.verdict.run import baseline_problem
 
-    problem = baseline_problem(baseline, spec)  # before Ray: a baseline that cannot be used is bad input
+    problem = None if byo else baseline_problem(baseline, spec)  # before Ray: a baseline it cannot use is bad input
     if problem:
         err(f"{file}: {problem}")
         sys.exit(EXIT_UNUSABLE)
@@ -311,6 +321,8 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
             sys.exit(EXIT_UNUSABLE)
         if lock.note:
             err(f"{file}: {lock.note}")
+        if byo:  # the same folder rules as the builtin trainer's: one run at a time, the previous files kept aside
+            sys.exit(run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err))
         report = _replay(file, job, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress,
                          baseline)
     finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 from dataclasses import asdict, dataclass
@@ -25,7 +26,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".forge-replay.lock"
-SET_ASIDE = {"report.json": "report.previous.json", "memory.png": "memory.previous.png"}
+SET_ASIDE = {"report.json": "report.previous.json", "memory.png": "memory.previous.png",
+             # a slime / miles run (forge-replay run --trainer-root): its logs, its Ray job's record, and the memory
+             # probe's folder, whose files a later run would otherwise count in its own peak
+             "trainer.log": "trainer.previous.log", "job.json": "job.previous.json",
+             "ray-head.log": "ray-head.previous.log", "probe": "probe.previous"}
 
 
 class ResultsError(RuntimeError):
@@ -78,13 +83,16 @@ def check_writable(directory: str | Path) -> None:
 
 
 def set_previous_aside(directory: str | Path) -> list[str]:
-    """Rename the previous run's report.json and memory.png to report.previous.json and memory.previous.png
-    (kept, one run back), so that a report this run fails to write never passes for this run's; returns the
-    new names. Raises ResultsError."""
+    """Rename the previous run's files (:data:`SET_ASIDE`: report.json to report.previous.json, memory.png, a slime /
+    miles run's logs, job.json and probe folder) to their ``previous`` names (kept, one run back), so that a report
+    this run fails to write never passes for this run's and no figure of the previous run is counted in this one;
+    returns the new names. Raises ResultsError."""
     directory = Path(directory)
     moved = []
     for name, aside in SET_ASIDE.items():
         try:
+            if (directory / name).is_dir() and (directory / aside).is_dir():  # a folder is not renamed over one
+                shutil.rmtree(directory / aside)
             os.replace(directory / name, directory / aside)
             moved.append(aside)
         except FileNotFoundError:
