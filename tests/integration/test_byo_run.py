@@ -100,3 +100,38 @@ def test_a_byo_run_on_results_in_use_is_refused_naming_the_run_that_holds_them(t
     assert "results folder results is in use by job 'first' (pid " in done.stderr, done.stderr
     assert (tmp_path / "results" / "report.json").read_text() == "the first run's report"
     assert not (tmp_path / "dumps").exists()  # refused before any dump was synthesized
+
+
+def test_a_stopped_byo_run_stops_its_ray_and_says_so(tmp_path) -> None:
+    # SIGTERM mid-run: the script's Ray job and the local Ray head are stopped, the last line says how the run
+    # stopped (not "while starting; nothing was trained"), exit 143, the folder is unlocked, no process is left.
+    import time
+
+    from tests.integration.processes import family, left_behind, stop_and_wait
+
+    job = {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "long"},
+           "spec": {"replay": {"mode": "debug", "numRollouts": 300,
+                               "dumps": {"claimName": "dumps", "path": "run/rollout.pt"}},
+                    "model": {"config": {"hidden_size": 8}},
+                    "trainer": {"backend": "slime", "image": "team/slime:v1", "workingDir": "/root/slime",
+                                "args": ["--stand-in-backend", "slime", "--stand-in-train-mib", "1",
+                                         "--rollout-batch-size", "4"]}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--synth-missing", "--trainer-root",
+         str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    log = tmp_path / "results" / "trainer.log"
+    deadline = time.monotonic() + 240
+    while not (log.exists() and "stand-in train" in log.read_text()):
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    started, sessions = family(run.pid)
+    stderr = stop_and_wait(run, "SIGTERM", 90)
+    assert run.returncode == 143, stderr[-3000:]
+    assert (f"forge-replay run job.yaml: terminated (SIGTERM); the slime job and its local Ray were stopped; its "
+            f"output so far is in results/trainer.log") in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert not (tmp_path / "results" / ".forge-replay.lock").exists()
+    assert left_behind(started, sessions) == []

@@ -110,6 +110,7 @@ def run_local(spec: Any, trainer_root: str, dumps_root: str, results_dir: str, e
     cpus = max(2, spec.trainer.nodes)
     echo(f"starting a local Ray ({cpus} CPUs), then {spec.trainer.backend}'s {spec.trainer.script} as a Ray job")
     head = LocalHead(cpus, os.path.join(results_dir, "ray-head.log"))
+    client = job_id = None
     try:
         client, job_id = _submit(head, plan)
         echo(f"Ray job {job_id}: {plan['entrypoint']}")
@@ -131,8 +132,24 @@ def run_local(spec: Any, trainer_root: str, dumps_root: str, results_dir: str, e
                   "memory_peak": probe.memory_peak(os.path.join(results_dir, PROBE_FOLDER)), **plan}
         Path(results_dir, "job.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         return status
+    except BaseException:  # a stop (Ctrl-C, SIGTERM) or an error mid-run: the script first, then its Ray
+        if job_id is not None:
+            _stop_job(client, job_id)
+        raise
     finally:
         head.stop()
+
+
+def _stop_job(client: Any, job_id: str, wait_s: float = 20.0) -> None:
+    """Stop the team's script (Ray's job supervisor signals its process group) and wait for it to end. Stopping the
+    head alone left the script running: the supervisor starts it in a session of its own."""
+    deadline = time.monotonic() + wait_s
+    try:
+        client.stop_job(job_id)
+        while str(client.get_job_status(job_id).value) not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.2)
+    except Exception:  # noqa: BLE001 - the head may be gone already: nothing left to ask
+        pass
 
 
 def input_problem(file: str, job: Any, trainer_root: str | None, dumps_root: str, synth_missing: bool,

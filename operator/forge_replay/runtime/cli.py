@@ -64,6 +64,14 @@ def _unraisable_unless_our_stop(unraisable) -> None:
         sys.__unraisablehook__(unraisable)
 
 
+def _how_stopped() -> tuple[str, int]:
+    """How the run was stopped, for its last line, and its exit status: Ctrl-C 130, SIGTERM 143."""
+    import signal
+
+    return ("terminated (SIGTERM)", 143) if _STOPPED_BY and _STOPPED_BY[0] == signal.SIGTERM else \
+        ("interrupted (Ctrl-C)", 130)
+
+
 def _stop_point() -> None:
     """Act on a stop whose KeyboardInterrupt was swallowed where it landed: raised inside a C extension's import
     (Ray's Cython module writes it off as 'Exception ignored') or caught by a library (transformers' lazy import
@@ -254,9 +262,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
              trainer_root)
     except KeyboardInterrupt:  # before the replay started (after, _replay says how it stopped)
         _ignore_further_signals()
-        code = 143 if _STOPPED_BY and _STOPPED_BY[0] == signal.SIGTERM else 130
-        click.echo(f"forge-replay run {file}: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'} "
-                   "while starting; nothing was trained", err=True)
+        how, code = _how_stopped()
+        click.echo(f"forge-replay run {file}: {how} while starting; nothing was trained", err=True)
         _exit_stopped(code)
     except _Stopped as stopped:  # _replay has said how, and stopped what it started
         _exit_stopped(stopped.args[0])
@@ -322,7 +329,15 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
         if lock.note:
             err(f"{file}: {lock.note}")
         if byo:  # the same folder rules as the builtin trainer's: one run at a time, the previous files kept aside
-            sys.exit(run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err))
+            try:
+                code = run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err)
+            except KeyboardInterrupt:  # run_local stopped its Ray head (the job, its workers) on the way out
+                _ignore_further_signals()
+                how, code = _how_stopped()
+                err(f"forge-replay run {file}: {how}; the {spec.trainer.backend} job and its local Ray were stopped; "
+                    f"its output so far is in {results_dir}/trainer.log")
+                raise _Stopped(code) from None
+            sys.exit(code)
         report = _replay(file, job, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress,
                          baseline)
     finally:
@@ -396,8 +411,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
                 stopped_by=lambda: signal.Signals(_STOPPED_BY[0]).name if _STOPPED_BY else None)
     except BaseException as exc:
         if _STOPPED_BY:
-            how_stopped, code = (("interrupted (Ctrl-C)", 130) if _STOPPED_BY[0] == signal.SIGINT
-                                 else ("terminated (SIGTERM)", 143))
+            how_stopped, code = _how_stopped()
             err(f"forge-replay run {file}: {how_stopped} while starting Ray; nothing was trained" if not connected else
                 f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in "
                 f"{results_dir} holds the steps finished so far")
