@@ -88,6 +88,7 @@ def summary(output) -> dict:
     if hasattr(output, "samples"):
         samples = output.samples
         return {"samples": len(samples), "rollout_ids": sorted({s.rollout_id for s in samples}),
+                "made_for": sorted({(s.metadata or {}).get("rollout_id") for s in samples}, key=str),
                 "metrics": output.metrics or {}}
     return {"eval": sorted(output.data), "metrics": output.metrics or {}}
 

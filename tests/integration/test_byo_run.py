@@ -47,8 +47,9 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     assert "first: maxPeakMemoryGiB: peak memory (GiB, RSS)" in done.stderr
     got = json.loads(report.read_text())
     # rollouts start..start+N (--num-rollout is an end bound), each from its own dump, samples keep their rollout_id
-    assert [(r["rollout_id"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"]) for r in got["train"]] == [
-        (1, [1], 0), (2, [2], 0), (3, [3], 0)]
+    # (the synthesized samples are an episode each: their own rollout_id is their index; metadata names the dump's)
+    assert [(r["rollout_id"], r["made_for"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"])
+            for r in got["train"]] == [(n, [n], list(range(16)), 0) for n in (1, 2, 3)]
     assert all(r["samples"] > 0 and r["trained_mib"] == 96 for r in got["train"])
     # miles evaluates before its first step at --start-rollout-id (eval_1; slime would not), then after rollout 2
     assert [(e["rollout_id"], e["eval"]) for e in got["eval"]] == [(1, ["forge_eval"]), (2, ["forge_eval"])]

@@ -202,9 +202,14 @@ def test_eval_before_train_follows_each_framework(backend: str, start: int, expe
     assert eval_before_train_id(start, 2, False, backend) is None
 
 
-def _dumps(tmp_path: Path, ids: list[int], evals: list[int]) -> str:
+def _dumps(tmp_path: Path, ids: list[int], evals: list[int], one_episode: bool = False) -> str:
+    """Synthesized dumps (an episode per sample); ``one_episode``: every sample of a dump in one episode (one
+    rollout_id), whose rewards differ: what miles' GRPO conversion refuses."""
     for n in ids:
-        save(tmp_path / f"rollout_{n}.pt", n, synth_samples(n, 2, 2, 3, 2))
+        samples = synth_samples(n, 2, 2, 3, 2)
+        for s in samples if one_episode else ():
+            s.rollout_id = n
+        save(tmp_path / f"rollout_{n}.pt", n, samples)
     for n in evals:
         save(tmp_path / f"rollout_eval_{n}.pt", n, synth_samples(n, 1, 2, 3, 2))
     return "rollout_{rollout_id}.pt"
@@ -266,7 +271,10 @@ def test_reward_key_needs_dict_rewards(backend: str) -> None:
 
 
 def test_miles_refuses_one_rollout_with_two_rewards() -> None:
-    samples = synth_samples(0, 2, 4, 3, 2)  # rollout_id 0 on every sample: one rollout per group, for miles
+    samples = synth_samples(0, 2, 4, 3, 2)
+    assert refusals(samples, _settings("miles")) == []  # synthesized: an episode per sample, as miles numbers them
+    for s in samples:
+        s.rollout_id = 0  # one rollout (episode) per group, for miles
     samples[0].reward, samples[1].reward = 0.0, 1.0
     [refusal] = refusals(samples, _settings("miles"))
     assert refusal.index == 1 and "miles/ray/rollout/train_data_conversion.py:234-238" in refusal.problem
@@ -282,7 +290,7 @@ def test_miles_refuses_one_rollout_with_two_rewards() -> None:
 def test_miles_groups_without_group_index_by_the_batch_shape() -> None:
     samples = synth_samples(0, 2, 2, 3, 2)
     for s, reward in zip(samples, [0.0, 0.0, 1.0, 1.0]):
-        s.group_index, s.reward = None, reward
+        s.group_index, s.reward, s.rollout_id = None, reward, 0  # one episode
     # 4 samples = n-samples-per-prompt 2 x rollout-batch-size 2: two groups, each sharing one reward
     assert refusals(samples, UpstreamSettings.from_args("miles", ["--rollout-batch-size", "2",
                                                                   "--n-samples-per-prompt", "2"], None)) == []
@@ -297,6 +305,8 @@ def test_verify_with_a_backend_refuses_what_the_framework_would(tmp_path) -> Non
     assert plain.ok
     refused = verify_dumps(str(tmp_path), template, 2, backend="slime", upstream=_settings("slime", **kwargs))
     assert not refused.ok and "sample 0, field 'reward'" in refused.checks[0].message
+    assert verify_dumps(str(tmp_path), template, 2, backend="miles", upstream=_settings("miles")).ok
+    template = _dumps(tmp_path, [0, 1], [], one_episode=True)
     miles = verify_dumps(str(tmp_path), template, 2, backend="miles", upstream=_settings("miles"))
     assert [c.status for c in miles.checks] == ["unreadable", "unreadable"], miles.summary()
 
@@ -307,7 +317,7 @@ def test_verify_cli_and_job_pass_the_backend(tmp_path) -> None:
     from forge_replay.controller.render import verify_command
     from forge_replay.dumps.cli import dumps as dumps_command
 
-    template = _dumps(tmp_path, [0], [])
+    template = _dumps(tmp_path, [0], [], one_episode=True)
     base = ["verify", "--root", str(tmp_path), "--path", template, "--num-rollouts", "1"]
     assert CliRunner().invoke(dumps_command, base).exit_code == 0
     refused = CliRunner().invoke(dumps_command, [*base, "--backend", "miles", "--trainer-args", '["--lr","1"]'])

@@ -269,7 +269,10 @@ def test_synth_shapes_and_determinism(tmp_path):
     assert all(len(s.tokens) == 11 and s.response_length == 6 for s in samples)
     assert all(0 <= t < 17 for s in samples for t in s.tokens)
     assert [s.group_index for s in samples] == [g for g in range(3) for _ in range(4)]
-    assert all(len(s.rollout_log_probs) == 6 and s.rollout_id == 2 for s in samples)
+    assert all(len(s.rollout_log_probs) == 6 for s in samples)
+    # an episode each, as the frameworks' data sources number them; the rollout they were made for in metadata
+    assert [s.rollout_id for s in samples] == [s.index for s in samples] == list(range(12))
+    assert {s.metadata["rollout_id"] for s in samples} == {2}
     again = synth_samples(2, 3, 4, 5, 6, seed=1, vocab_size=17)
     assert [s.to_dict() for s in again] == [s.to_dict() for s in samples]
     assert synth_samples(3, 3, 4, 5, 6, seed=1)[0].tokens != samples[0].tokens
@@ -432,3 +435,14 @@ def test_written_dumps_take_the_umask_like_open_does(tmp_path, umask):
         os.umask(previous)
     for name in ("r_0.pt", "r.pack"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_inspect_shows_many_sample_rollout_ids_by_count_and_ends(tmp_path):
+    # A real dump numbers its episodes: thousands of rollout_ids were printed in full.
+    from forge_replay.dumps import save
+    from forge_replay.dumps.summary import render_text, summarize
+
+    save(tmp_path / "r.pt", 0, synth_samples(0, prompts=4, samples_per_prompt=4, prompt_len=2, response_len=2))
+    assert "sample rollout_ids: 16 distinct, 0 ... 15\n" in render_text(summarize(load(tmp_path / "r.pt")))
+    save(tmp_path / "s.pt", 0, synth_samples(0, prompts=1, samples_per_prompt=2, prompt_len=2, response_len=2))
+    assert "sample rollout_ids: [0, 1]\n" in render_text(summarize(load(tmp_path / "s.pt")))

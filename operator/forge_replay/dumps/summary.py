@@ -148,7 +148,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f"{summary['path']}  ({summary['format']}, {summary['file_bytes']} bytes)",
         f"rollout_id {summary['rollout_id']}: {summary['samples']} samples in {summary['groups']} groups"
         f" (group sizes {summary['group_sizes']}, {summary['samples_without_group_index']} without group_index)",
-        f"sample rollout_ids: {summary['sample_rollout_ids']}",
+        f"sample rollout_ids: {_compact(summary['sample_rollout_ids'])}",
         f"total tokens {summary['total_tokens']}",
         f"prompt tokens    {fmt(summary['prompt_tokens'])}",
         f"response tokens  {fmt(summary['response_tokens'])}",
@@ -167,3 +167,10 @@ def render_text(summary: dict[str, Any]) -> str:
                      " text tokens only)")
     lines.append(f"training would refuse it: {summary['problem']}" if summary["problem"] else "training checks: ok")
     return "\n".join(lines)
+
+
+def _compact(values: list, shown: int = 8) -> str:
+    """A list as is when short; else its count and its ends (a dump's samples carry one rollout_id per episode)."""
+    if len(values) <= shown:
+        return str(values)
+    return f"{len(values)} distinct, {values[0]} ... {values[-1]}"

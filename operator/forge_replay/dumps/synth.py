@@ -27,6 +27,11 @@ def synth_samples(
 ) -> list[Sample]:
     """``prompts * samples_per_prompt`` samples grouped by ``group_index``, with raw float rewards.
 
+    Each sample is an episode of its own: its ``rollout_id`` is its ``index``, as slime's and miles' data sources
+    set it (miles/rollout/data_source.py sets ``rollout_id = index`` when unset), since the frameworks group a
+    rollout's segments by it (one reward per episode in miles' GRPO conversion; the data-parallel schedule). The
+    rollout the sample was made for is in ``metadata["rollout_id"]``.
+
     Token ids are drawn from ``[0, vocab_size)`` (keep it small for tiny models). With ``ragged``,
     response lengths vary in ``[1, response_len]``; otherwise every response is ``response_len``.
     Deterministic for a given (seed, rollout_id).
@@ -44,7 +49,7 @@ def synth_samples(
             samples.append(
                 Sample(
                     group_index=group,
-                    rollout_id=rollout_id,
+                    rollout_id=group * samples_per_prompt + k,
                     index=group * samples_per_prompt + k,
                     prompt=f"synthetic prompt {group}",
                     tokens=prompt_tokens + response_tokens,
@@ -54,7 +59,7 @@ def synth_samples(
                     loss_mask=None,
                     rollout_log_probs=[-rng.random() * 4.0 for _ in range(length)],
                     status=Sample.Status.TRUNCATED if truncated else Sample.Status.COMPLETED,
-                    metadata={"synthetic": True, "seed": seed},
+                    metadata={"synthetic": True, "seed": seed, "rollout_id": rollout_id},
                 )
             )
     return samples
