@@ -287,6 +287,28 @@ def test_miles_refuses_one_rollout_with_two_rewards() -> None:
     assert refusals(samples, _settings("miles")) == []
 
 
+def test_slime_refuses_a_rollout_with_fewer_episodes_than_a_training_step() -> None:
+    # What dumps synth wrote before: every sample of a dump under the dump's rollout_id, one episode, which slime's
+    # step split (slime/utils/dp_schedule.py) fails on an assertion once its GPUs are up.
+    samples = synth_samples(3, 2, 2, 3, 2)  # 4 samples, an episode each
+    steps = ["--n-samples-per-prompt", "2", "--num-steps-per-rollout", "1"]  # 32 x 2 // 1 = 64 episodes a step
+    assert _settings("slime", steps).global_batch_size == 64
+    small = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-steps-per-rollout", "1"]
+    assert refusals(samples, _settings("slime", small)) == []  # 4 episodes, 4 a step
+    for s in samples:
+        s.rollout_id = 3
+    [refusal] = refusals(samples, _settings("slime", small))
+    assert (refusal.index, refusal.field) == (0, "rollout_id")
+    assert refusal.problem.startswith("4 samples hold 1 episode(s) (4 samples share rollout_id 3), fewer than the 4 ")
+    assert "slime/utils/dp_schedule.py:130-139" in refusal.problem
+    for s in samples[:3]:
+        s.rollout_id = None  # each gets a fresh id, as slime's rollout manager gives them
+    assert refusals(samples, _settings("slime", small)) == []
+    assert refusals(samples[:1], _settings("slime", ["--global-batch-size", "2"]))[0].field == "rollout_id"
+    assert _settings("slime").global_batch_size is None  # not fixed by the args: not checked
+    assert refusals(samples[:1], _settings("miles", small)) == []  # miles falls back to another split
+
+
 def test_miles_groups_without_group_index_by_the_batch_shape() -> None:
     samples = synth_samples(0, 2, 2, 3, 2)
     for s, reward in zip(samples, [0.0, 0.0, 1.0, 1.0]):

@@ -10,10 +10,14 @@ apply them to a train dump's samples under the settings the team's run has (``Up
 - rollout-shares-reward (miles): in one reward group, the samples of one rollout (the same ``Sample.rollout_id``,
   else the same ``index``) must carry one reward (GRPO-like estimators with rewards normalization, and no custom
   conversion or reward post-processing in the args).
+- steps-split-by-episode (slime): training steps are split by episode (``Sample.rollout_id``; one without gets a
+  fresh id), ``global_batch_size`` episodes a step; a rollout with fewer episodes fails an assertion once the GPUs
+  are up.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +36,9 @@ class UpstreamSettings:
     rewards_normalization: bool = True
     n_samples_per_prompt: int = 1
     rollout_batch_size: int | None = None
+    global_batch_size: int | None = None
+    """Episodes per training step, when the args fix it (slime: rollout-batch-size x n-samples-per-prompt //
+    num-steps-per-rollout, else --global-batch-size)."""
     given: frozenset[str] = frozenset()  # the flags the team's args set, for rules that a flag turns off
 
     @classmethod
@@ -51,13 +58,20 @@ class UpstreamSettings:
             except ValueError:  # the framework's parser refuses it first
                 return None
 
+        n_samples_per_prompt = integer("--n-samples-per-prompt") or 1
+        rollout_batch_size = integer("--rollout-batch-size")
+        steps = integer("--num-steps-per-rollout") if "--num-steps-per-rollout" in options else None
+        global_batch_size = integer("--global-batch-size") if "--global-batch-size" in options else None
+        if steps and rollout_batch_size:  # slime/utils/arguments.py (the steps-split-by-episode rule's cites)
+            global_batch_size = rollout_batch_size * n_samples_per_prompt // steps
         return cls(
             backend=backend,
             reward_key=reward_key,
             advantage_estimator=str(value("--advantage-estimator") or "grpo"),
             rewards_normalization=not sets_flag(list(args), "--disable-rewards-normalization"),
-            n_samples_per_prompt=integer("--n-samples-per-prompt") or 1,
-            rollout_batch_size=integer("--rollout-batch-size"),
+            n_samples_per_prompt=n_samples_per_prompt,
+            rollout_batch_size=rollout_batch_size,
+            global_batch_size=global_batch_size,
             given=frozenset(filter(None, map(flag_of, args))),
         )
 
@@ -74,7 +88,7 @@ class Refusal:
 def refusals(samples: Sequence[Any], settings: UpstreamSettings) -> list[Refusal]:
     """Why ``settings.backend`` would refuse to train on ``samples`` (one train dump), first problem per rule."""
     found: list[Refusal] = []
-    for check in (_reward_key_needs_dict, _rollout_shares_reward):
+    for check in (_reward_key_needs_dict, _rollout_shares_reward, _enough_episodes_for_a_step):
         refusal = check(samples, settings)
         if refusal is not None:
             found.append(refusal)
@@ -129,6 +143,22 @@ def _rollout_shares_reward(samples: Sequence[Any], settings: UpstreamSettings) -
                                f"reward and raises a ValueError ({rule.where}); give each sample its own rollout_id "
                                "(or None), or use backend builtin")
     return None
+
+
+def _enough_episodes_for_a_step(samples: Sequence[Any], settings: UpstreamSettings) -> Refusal | None:
+    rule = upstream_rule(settings.backend, "steps-split-by-episode")
+    if rule is None or not settings.global_batch_size or not samples:
+        return None
+    counts = Counter(s.rollout_id for s in samples if s.rollout_id is not None)
+    episodes = len(counts) + sum(1 for s in samples if s.rollout_id is None)
+    if episodes >= settings.global_batch_size:
+        return None
+    shared, times = counts.most_common(1)[0] if counts else (None, 0)
+    why = f" ({times} samples share rollout_id {shared})" if times > 1 else ""
+    return Refusal(0, "rollout_id", f"{len(samples)} samples hold {episodes} episode(s){why}, fewer than the "
+                   f"{settings.global_batch_size} a training step takes (the global batch size): {settings.backend} "
+                   f"splits steps by Sample.rollout_id and fails an assertion ({rule.where}); give each sample its "
+                   "own rollout_id (or None), as slime's data source does")
 
 
 def _reward_value(sample: Any, settings: UpstreamSettings) -> Any:

@@ -19,7 +19,7 @@ from forge_replay.backends import flag_of, flag_table, required_flags
 
 RULE_IDS = (
     "eval-needs-datasets", "debug-skips-eval", "eval-before-train", "global-dataset", "upstream-debug-loader",
-    "upstream-forge-loader", "reward-key-needs-dict", "rollout-shares-reward", "world-size",
+    "upstream-forge-loader", "reward-key-needs-dict", "rollout-shares-reward", "world-size", "steps-split-by-episode",
 )  # fmt: skip
 """Every rule forge-replay reads; a backend lacks the ones its code has no counterpart of (miles has no forge_load,
 slime no shared-reward check)."""

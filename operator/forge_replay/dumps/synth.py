@@ -27,10 +27,11 @@ def synth_samples(
 ) -> list[Sample]:
     """``prompts * samples_per_prompt`` samples grouped by ``group_index``, with raw float rewards.
 
-    Each sample is an episode of its own: its ``rollout_id`` is its ``index``, as slime's and miles' data sources
-    set it (miles/rollout/data_source.py sets ``rollout_id = index`` when unset), since the frameworks group a
-    rollout's segments by it (one reward per episode in miles' GRPO conversion; the data-parallel schedule). The
-    rollout the sample was made for is in ``metadata["rollout_id"]``.
+    Each sample is an episode of its own: its ``rollout_id`` is its ``index``, as the frameworks number a rollout
+    that leaves it unset. slime splits training steps by episode and fails on a rollout with fewer episodes than a
+    step takes; miles wants one reward per episode in a group (the rules steps-split-by-episode and
+    rollout-shares-reward of backends/upstream_rules.json). The rollout the sample was made for is in
+    ``metadata["rollout_id"]``.
 
     Token ids are drawn from ``[0, vocab_size)`` (keep it small for tiny models). With ``ragged``,
     response lengths vary in ``[1, response_len]``; otherwise every response is ``response_len``.
