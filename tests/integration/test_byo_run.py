@@ -136,3 +136,28 @@ def test_a_stopped_byo_run_stops_its_ray_and_says_so(tmp_path) -> None:
     assert "Traceback" not in stderr, stderr[-3000:]
     assert not (tmp_path / "results" / ".forge-replay.lock").exists()
     assert left_behind(started, sessions) == []
+
+
+def test_a_byo_run_verifies_the_dumps_as_the_verify_job_would_before_starting_ray(tmp_path) -> None:
+    # The same YAML in a cluster gets a verify Job (--backend miles); here the run checked nothing and started Ray.
+    job = {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "bad-dumps"},
+           "spec": {"replay": {"mode": "debug", "numRollouts": 2,
+                               "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt",
+                                         "fallbackToFirst": False}},
+                    "model": {"config": {"hidden_size": 8}},
+                    "trainer": {"backend": "miles", "image": "team/miles:v1", "workingDir": "/root/miles",
+                                "args": ["--stand-in-backend", "miles", "--rollout-batch-size", "4"]}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    (tmp_path / "dumps" / "run").mkdir(parents=True)
+    (tmp_path / "dumps" / "run" / "rollout_0.pt").write_bytes(b"not a dump")
+    done = subprocess.run(
+        [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--trainer-root", str(STAND_IN),
+         "--dumps-root", "dumps", "--results", "results"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert "rollout_0.pt" in said and "rollout_1.pt" in said  # unreadable, and missing with no fallback
+    assert (f"job.yaml: dumps verify refused the dumps under dumps (above), as the verify Job of this job would in a "
+            "cluster; nothing was started") in done.stderr, said
+    assert "starting a local Ray" not in said and not (tmp_path / "results" / "trainer.log").exists()

@@ -175,10 +175,10 @@ def input_problem(file: str, job: Any, trainer_root: str | None, dumps_root: str
 
 
 def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir: str, synth_missing: bool,
-            err: Callable[[str], None]) -> int:
+            err: Callable[[str], None], model_root: str | None = None) -> int:
     """``forge-replay run`` for a slime / miles job whose input :func:`input_problem` accepted, with its results
     folder held (the caller's lock, the previous run's files set aside): its exit status (0 succeeded, 1 failed,
-    2 unusable input, 3 an unmet spec.expect)."""
+    2 unusable input or dumps that verify refused, 3 an unmet spec.expect)."""
     from forge_replay.runtime.cli import EXIT_FAILED, EXIT_UNUSABLE, _Unusable, synthesize_if_absent
 
     spec = job.spec
@@ -188,12 +188,42 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
         except _Unusable as exc:
             err(f"{file}: {exc}")
             return EXIT_UNUSABLE
+    if spec.replay.verify and not verified(job, dumps_root, model_root, err):
+        err(f"{file}: dumps verify refused the dumps under {dumps_root} (above), as the verify Job of this job would "
+            f"in a cluster; nothing was started (spec.replay.verify: false skips the check)")
+        return EXIT_UNUSABLE
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")
     if status != "SUCCEEDED":
         return EXIT_FAILED
     return _verdict_exit(file, results_dir, spec, err)
+
+
+def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[str], None]) -> bool:
+    """Run the verify Job's check (`forge-replay dumps verify` with the job's settings and the framework's acceptance
+    rules) here, on the local dumps; what it prints goes to the user. A model folder missing here leaves the model's
+    limits unchecked (the team's script loads the model, not forge-replay), with a note."""
+    import click
+
+    from forge_replay.controller.render import verify_command
+    from forge_replay.dumps.cli import dumps
+
+    model_path = job.spec.model.path
+    if model_path and not (model_root and Path(model_root, model_path).is_dir()):
+        err(f"note: spec.model.path {model_path} is not under --model-root here: dumps are checked without the model's "
+            "vocabulary and positions")
+        model_root = None
+    argv = verify_command(job, dumps_root=os.path.abspath(dumps_root),
+                          model_root=os.path.abspath(model_root) if model_root else None, in_pod=False)
+    try:
+        dumps.main(argv[2:], prog_name="forge-replay dumps", standalone_mode=False)
+    except SystemExit as exc:
+        return exc.code in (0, None)
+    except click.ClickException as exc:
+        exc.show()
+        return False
+    return True
 
 
 def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], None]) -> int:

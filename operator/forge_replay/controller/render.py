@@ -165,12 +165,15 @@ def runtime_rbac(job: ForgeReplayJob, settings: OperatorSettings) -> list[dict[s
     return [account, role, binding]
 
 
-def verify_command(job: ForgeReplayJob) -> list[str]:
-    """The `forge-replay dumps verify` command line of the pre-flight Job."""
+def verify_command(job: ForgeReplayJob, dumps_root: str = paths.DUMPS_MOUNT, model_root: str | None = paths.MODEL_MOUNT,
+                   in_pod: bool = True) -> list[str]:
+    """The `forge-replay dumps verify` command line of the pre-flight Job; with other roots and ``in_pod=False``
+    (no --jobs, no --record), the same check on this machine (`forge-replay run` of a slime / miles job).
+    ``model_root`` None leaves a model path out (its vocabulary and positions are then not checked)."""
     replay = job.spec.replay
     command = [
         "forge-replay", "dumps", "verify",
-        "--root", paths.DUMPS_MOUNT,
+        "--root", dumps_root,
         "--path", replay.dumps.path,
         "--num-rollouts", str(replay.num_rollouts),
     ]  # fmt: skip
@@ -196,8 +199,10 @@ def verify_command(job: ForgeReplayJob) -> list[str]:
     model = job.spec.model
     if model.config is not None:
         command += ["--model-config", json.dumps(model.config, sort_keys=True, separators=(",", ":"))]
-    elif model.path:
-        command += ["--model", f"{paths.MODEL_MOUNT}/{model.path}"]
+    elif model.path and model_root is not None:
+        command += ["--model", f"{model_root}/{model.path}"]
+    if not in_pod:
+        return command
     command += ["--jobs", str(replay.verify_resources.cpus)]  # one worker per CPU it requests
     record = _verify_record(job)
     if record:

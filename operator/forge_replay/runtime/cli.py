@@ -330,7 +330,7 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
             err(f"{file}: {lock.note}")
         if byo:  # the same folder rules as the builtin trainer's: one run at a time, the previous files kept aside
             try:
-                code = run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err)
+                code = run_cli(file, job, trainer_root, dumps_root, results_dir, synth_missing, err, model_root)
             except KeyboardInterrupt:  # run_local stopped its Ray head (the job, its workers) on the way out
                 _ignore_further_signals()
                 how, code = _how_stopped()
