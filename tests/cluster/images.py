@@ -19,6 +19,9 @@ Layers (each cached under ``<cache>/images/``, keyed by what it is built from):
    tests/doubles/), and sglang-router at the dev extra's pin: forge mode's own engine command, health checks,
    router and weight pushes run in pods, with the product's image and code paths unchanged. Rebuilt when the
    runtime image or those files change.
+5. ``byo-standin`` (TEST ONLY, scenario 7): a team's trainer image as slime's look: the runtime base (Python,
+   torch, Ray; no forge_replay: the job's init container brings it) with the stand-in ``train.py`` of tests/byo
+   under ``/root/slime``, running as root. Rebuilt when the runtime base or that file change.
 
 Builds run ``buildah build --network host --isolation chroot`` (nothing is created on the host's network)
 with storage under the cache, each in a private mount namespace (no mount stays on the host). pip inside a
@@ -280,6 +283,38 @@ def sglang_standin_image(log_path: Path, rebuild: bool = False) -> Image:
     return Image("sglang-standin", reference, archive)
 
 
+BYO_WORKING_DIR = "/root/slime"
+
+
+def byo_standin_image(log_path: Path, rebuild: bool = False) -> Image:
+    """TEST ONLY: a stand-in for a team's slime image: the CPU runtime base (Ray and torch as in our runtime image,
+    forge_replay not installed) with tests/byo/train.py at ``BYO_WORKING_DIR``, as root; cached by its inputs."""
+    base = runtime_base(log_path)
+    script = REPO_ROOT / "tests" / "byo" / "train.py"
+    key = _digest(base, script)
+    reference = f"{REGISTRY}/byo-standin:{key}"
+    archive = images_dir() / f"byo-standin-{key}.tar"
+    if archive.exists() and not rebuild:
+        return Image("byo-standin", reference, archive)
+    context = images_dir() / "byo-standin-context"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    shutil.copy(script, context / "train.py")
+    (context / "Containerfile").write_text(
+        f"FROM {base}\n"
+        f"COPY train.py {BYO_WORKING_DIR}/train.py\n"
+        "RUN python3 -c 'import ray, torch' && ! python3 -c 'import forge_replay' 2>/dev/null\n"
+        f"WORKDIR {BYO_WORKING_DIR}\n")
+    started = time.monotonic()
+    _log(f"building {reference} (TEST ONLY: a stand-in slime image over {base}) ...")
+    _buildah("build", "--network=host", "--isolation=chroot", "--layers=false", f"--tag={reference}",
+             f"--file={context / 'Containerfile'}", str(context), log_path=log_path)
+    _log(f"built {reference} in {time.monotonic() - started:.0f}s")
+    _export(reference, archive, log_path)
+    _prune("byo-standin", reference, archive)
+    return Image("byo-standin", reference, archive)
+
+
 def _prune(name: str, reference: str, archive: Path) -> None:
     """Drop the older builds of an image (archives of GBs and buildah's copies): only the current one is used."""
     for old in images_dir().glob(f"{name}-*.tar"):
@@ -298,7 +333,8 @@ def build_images(names: tuple[str, ...] = ("operator", "runtime"), rebuild: tupl
                               "(apt-get install buildah mmdebstrap uidmap fuse-overlayfs)")
     images_dir().mkdir(parents=True, exist_ok=True)
     log_path = images_dir() / "build.log"
-    return [sglang_standin_image(log_path, rebuild=name in rebuild) if name == "sglang-standin"
+    test_only = {"sglang-standin": sglang_standin_image, "byo-standin": byo_standin_image}
+    return [test_only[name](log_path, rebuild=name in rebuild) if name in test_only
             else product_image(name, log_path, rebuild=name in rebuild) for name in names]
 
 
