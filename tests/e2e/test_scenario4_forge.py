@@ -43,7 +43,7 @@ class ForgeRun:
     status: dict
     report: dict
     engines: list[dict]  # per engine: its double's starts and calls
-    roles: dict[str, str]  # pod IP -> the role of the job's pod that had it (head, trainer, rollout, ...)
+    roles: dict[str, str]  # pod IP and pod name -> the role of that pod of the job (head, trainer, rollout, ...)
     folder: Path  # the run's folder on the results volume
 
 
@@ -55,6 +55,8 @@ def forge_job(name: str, weight_sync: str, image: str) -> dict:
     spec["replay"]["numRollouts"] = ROLLOUTS
     spec["replay"]["verifyResources"] = SMALL_VERIFY_RESOURCES
     spec["rollout"]["weightSync"] = weight_sync
+    # Probed every second as in the example, but given time: 2 cores run the trainer, two engines and Ray.
+    spec["faultTolerance"]["healthCheck"]["timeoutSeconds"] = 30
     spec["results"] = {"claimName": "results"}
     spec["ttlSecondsAfterFinished"] = TTL_SECONDS
     records = f"{RESULTS_MOUNT}/{RECORDS}/{name}"
@@ -72,9 +74,10 @@ def run_to_the_end(plane, name: str, job: dict, results: Path, timeout: float = 
         pods = json.loads(plane.kubectl("get", "-n", NAMESPACE, "pods", "-l", f"forgereplay.io/job={name}",
                                         "-o", "json").stdout)["items"]
         for pod in pods:
-            ip = (pod.get("status") or {}).get("podIP")
-            if ip:
-                roles[ip] = pod["metadata"]["labels"].get(ROLE, "?")
+            role = pod["metadata"]["labels"].get(ROLE, "?")
+            roles[pod["metadata"]["name"]] = role
+            if (pod.get("status") or {}).get("podIP"):
+                roles[pod["status"]["podIP"]] = role
         status = json.loads(plane.kubectl("get", "-n", NAMESPACE, "forgereplayjob", name, "-o", "json").stdout
                             ).get("status", {})
         if status.get("phase") in ("Succeeded", "Failed"):
@@ -135,16 +138,19 @@ def check_engines_in_their_own_pods(run: ForgeRun) -> None:
     assert engines["weight_versions"] == [str(v) for v in range(1, ROLLOUTS + 1)]
     assert engines["router"].startswith("sglang_router in front of 2"), engines["router"]
     assert engines["health_monitors"] == 1 and engines["health_probes"] > 0 and engines["health_failures"] == 0
-    hosts = [urlparse(url).hostname for url in engines["urls"]]
-    assert [run.roles.get(host) for host in hosts] == ["rollout", "rollout"] and len(set(hosts)) == 2, (hosts,
-                                                                                                          run.roles)
     logs = sorted(run.folder.rglob("engine-*.log"))
     assert len(logs) == 2, list(run.folder.rglob("*"))
+    pods = []
     for log in logs:  # the runtime's own engine command started them (no --engine-command in a cluster)
-        assert log.read_text().startswith("sglang stand-in (TEST ONLY): python -m sglang.launch_server --host ")
+        first = log.read_text().splitlines()[0]
+        assert first.startswith("sglang stand-in (TEST ONLY): python -m sglang.launch_server --host "), first
+        pods.append(first.rsplit("(in pod ", 1)[1].rstrip(")"))
+    assert [run.roles.get(pod) for pod in pods] == ["rollout", "rollout"] and len(set(pods)) == 2, (pods, run.roles)
+    # An engine listens on its pod's address, or on loopback when the rollout manager shares its pod.
+    hosts = [urlparse(url).hostname for url in engines["urls"]]
+    assert all(run.roles.get(host) == "rollout" or host == "127.0.0.1" for host in hosts), (hosts, run.roles)
     assert len(run.engines) == 2
     for engine in run.engines:
-        assert engine["starts"][0]["known"]["host"] in hosts  # it listened on its pod's address
         paths = [c["path"] for c in engine["calls"]]
         assert paths[0] == "/health_generate" and paths.count("/health_generate") > 1  # at start, then the monitor
         assert paths.count("/model_info") == ROLLOUTS  # every version read back

@@ -8,13 +8,15 @@ unchanged, starts a server that speaks sglang 0.5.23's HTTP API. The double reco
 """
 
 import runpy
+import socket
 import sys
 
 DOUBLE = "/opt/forge-replay-test/doubles/sglang_double.py"
 SAID = "sglang stand-in (TEST ONLY): python -m sglang.launch_server"
 
 if __name__ == "__main__":
-    # The first line of the engine's log: what started it (the runtime's own command, not --engine-command).
-    print(f"{SAID} {' '.join(sys.argv[1:])}", flush=True)
+    # The first line of the engine's log: what started it (the runtime's own command, not --engine-command), in
+    # which pod (a pod's hostname is its name).
+    print(f"{SAID} {' '.join(sys.argv[1:])} (in pod {socket.gethostname()})", flush=True)
     sys.argv[0] = DOUBLE
     runpy.run_path(DOUBLE, run_name="__main__")
