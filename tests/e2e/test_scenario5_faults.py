@@ -26,6 +26,9 @@ def long_job(plane, namespace: str) -> None:
     provide_volume(plane, namespace, "results", "ReadWriteMany")
     job = smoke_job(namespace)
     job["spec"]["replay"]["numRollouts"] = ROLLOUTS
+    # KubeRay deletes a finished job's cluster after this TTL: the head pod's loss is told before that (a busy 2-core
+    # machine may delay the operator's reconcile by seconds; the default TTL is 300 s).
+    job["spec"]["ttlSecondsAfterFinished"] = 60
     plane.kubectl("apply", "-f", "-", input=json.dumps(job))
 
 
