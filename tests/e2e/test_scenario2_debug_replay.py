@@ -30,6 +30,15 @@ def test_a_cpu_debug_replay_runs_to_succeeded_in_real_pods(real_cluster, smoke_r
 
     report = json.loads((smoke_run.folder / "report.json").read_text())
     assert [r["rollout_id"] for r in report["rollouts"]] == [0, 1, 2, 3]
+    # Verified once, before the GPUs (issue 27): the verify Job's pod checks every dump and records it on the
+    # results claim; the runtime's pre-flight trusts every file of that record and verifies none again.
+    dumps = sorted(f"smoke/{p.name}" for p in (real_cluster.workdir / "volumes" / namespace / "smoke-dumps" / "smoke")
+                   .glob("rollout_*.pt"))
+    verify_log = real_cluster.kubectl("logs", "-n", namespace, "job/smoke-cpu-verify").stdout
+    assert f"recorded {len(dumps)} verified file(s)" in verify_log, verify_log[-3000:]
+    preflight = report["preflight"]
+    assert preflight["verified"] == 0 and preflight["trusted"] == len(dumps) == 4, preflight
+    assert sorted(preflight["trusted_files"]) == dumps, preflight
     assert (smoke_run.folder / "memory.png").stat().st_size > 0
     assert (smoke_run.folder / "report.json").stat().st_uid == 10001
 

@@ -135,6 +135,7 @@ def test_a_stop_in_the_first_seconds_exits_cleanly_leaving_no_process(tmp_path, 
     stderr = stop_and_wait(run, signame, 60)
     assert run.returncode == code, stderr[-3000:]
     assert "Aborted!" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert not (tmp_path / "results" / ".forge-replay.lock").exists()  # released: the next run may use the folder
     assert left_behind(started, sessions) == []
     time.sleep(2)
     ps = subprocess.run(["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True).stdout.splitlines()

@@ -30,13 +30,42 @@ def _ignore_further_signals() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+class _Stopped(BaseException):
+    """A stopped run has cleaned up (engines, trainer, its local Ray) and unwinds to :func:`run` with its exit code;
+    the results folder's lock is released on the way (``_run``'s ``finally``)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def _note_further_signals() -> None:
+    """The replay is over (its report final, or an error on its way): a SIGINT/SIGTERM now is noted, not acted on, so
+    that it cannot cut short the clean-up (Ray's shutdown, the results lock). Re-applied after ray.shutdown(), which
+    may leave SIGTERM at its default (seen: a SIGTERM during the clean-up of a finished run killed it, exit -15, with
+    the results folder still locked)."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, frame: _STOPPED_BY.append(signum))
+
+
 def _exit_stopped(code: int) -> None:
-    """Exit with 130 / 143 once a stopped run has cleaned up. Not sys.exit: a stop that landed while Ray or torch
-    was starting could still end the interpreter's own shutdown as a death by SIGINT (exit status -2, seen about
-    one time in two when the signal came while the local Ray started), which is not what the README promises."""
+    """Exit with 130 / 143 once a stopped run has cleaned up, from :func:`run` only (after every ``finally``). Not
+    sys.exit: a stop that landed while Ray or torch was starting could still end the interpreter's own shutdown as a
+    death by SIGINT (exit status -2, seen about one time in two when the signal came while the local Ray started),
+    which is not what the README promises."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _stop_point() -> None:
+    """Act on a stop whose KeyboardInterrupt was swallowed where it landed: raised inside a C extension's import
+    (Ray's Cython module writes it off as 'Exception ignored') or caught by a library (transformers' lazy import
+    turns it into an import error), the run would otherwise go on and exit 0. Called between the run's phases."""
+    if _STOPPED_BY:
+        raise KeyboardInterrupt
 
 
 def _stop_run(signum, frame) -> None:
@@ -212,17 +241,23 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     import signal
 
     quiet_local_ray()
-    for signum in (signal.SIGINT, signal.SIGTERM):  # from the first moment: imports, synthesis, Ray's start
-        signal.signal(signum, _stop_run)
+    _STOPPED_BY.clear()  # a stop noted by an earlier run in this process (in-process callers) is not this run's
+    previous = {signum: signal.signal(signum, _stop_run)  # from the first moment: imports, synthesis, Ray's start
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         _run(file, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress, baseline,
              trainer_root)
     except KeyboardInterrupt:  # before the replay started (after, _replay says how it stopped)
+        _ignore_further_signals()
         code = 143 if _STOPPED_BY and _STOPPED_BY[0] == signal.SIGTERM else 130
         click.echo(f"forge-replay run {file}: {'terminated (SIGTERM)' if code == 143 else 'interrupted (Ctrl-C)'} "
                    "while starting; nothing was trained", err=True)
-        _ignore_further_signals()
         _exit_stopped(code)
+    except _Stopped as stopped:  # _replay has said how, and stopped what it started
+        _exit_stopped(stopped.code)
+    finally:  # a run that ended otherwise (called in-process: tests) leaves the caller's handlers as they were
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root: str | None,
@@ -264,18 +299,18 @@ def _run(file: str, dumps_root: str | None, results_dir: str | None, model_root:
         sys.exit(EXIT_UNUSABLE)
     from forge_replay.runtime.results import ResultsError, ResultsLock, check_writable, set_previous_aside
 
+    _stop_point()
     lock = ResultsLock(results_dir, name)
-    try:  # a folder that is unwritable, or in use by another run, fails now: not after training
-        check_writable(results_dir)
-        lock.acquire()
-        set_previous_aside(results_dir)
-    except ResultsError as exc:
-        lock.release()
-        err(f"{file}: {exc}")
-        sys.exit(EXIT_UNUSABLE)
-    if lock.note:
-        err(f"{file}: {lock.note}")
-    try:
+    try:  # released however the run ends: an error, a stop (even one that lands while the lock is taken), success
+        try:  # a folder that is unwritable, or in use by another run, fails now: not after training
+            check_writable(results_dir)
+            lock.acquire()
+            set_previous_aside(results_dir)
+        except ResultsError as exc:
+            err(f"{file}: {exc}")
+            sys.exit(EXIT_UNUSABLE)
+        if lock.note:
+            err(f"{file}: {lock.note}")
         report = _replay(file, job, dumps_root, results_dir, model_root, synth_missing, engine_command, no_progress,
                          baseline)
     finally:
@@ -302,6 +337,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
             err(f"{file}: --synth-missing cannot write dumps under {dumps_root}: {exc.strerror or exc} "
                 f"({exc.filename or dumps_root})")
             sys.exit(EXIT_FAILED)
+    _stop_point()
 
     from forge_replay.api.runtime_config import RuntimeConfig
     from forge_replay.runtime.driver import ReplayRunError, local_cpus_needed, preflight, run_job
@@ -317,6 +353,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
     except ReplayRunError as exc:  # before Ray: dumps that verify refuses are unusable input (exit 2)
         err(f"forge-replay run {file}: {exc}")
         sys.exit(EXIT_UNUSABLE if getattr(exc, "unusable", False) else EXIT_FAILED)
+    _stop_point()  # the imports above (torch, ray, transformers) are where a stop is most often swallowed
     cpus = local_cpus_needed(trainer_settings(spec.trainer).world_size)
     then = ", then the trainer and the sglang engines" if spec.replay.mode == "forge" else ", then the trainer"
     err(f"starting a local Ray ({cpus} CPUs){then}")
@@ -333,6 +370,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
             try:
                 local.start()
                 local.connect()
+                _stop_point()
             except SystemExit as exc:  # ray.init's own SIGTERM handler: sys.exit(15)
                 if exc.code != signal.SIGTERM:
                     raise
@@ -340,6 +378,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
                 raise KeyboardInterrupt from None
             for signum in (signal.SIGINT, signal.SIGTERM):  # ray.init may replace the SIGTERM handler with its own
                 signal.signal(signum, _stop_run)
+            _stop_point()
         connected = True
         return run_job(config, fixed_cluster=True, show_progress=not no_progress, prepared=prepared,
                 stopped_by=lambda: signal.Signals(_STOPPED_BY[0]).name if _STOPPED_BY else None)
@@ -358,11 +397,14 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
         else:
             raise
     finally:
+        settle = _ignore_further_signals if stopped_code is not None else _note_further_signals
+        settle()
         if local is not None:
             try:
                 if "ray" in sys.modules:  # connected, or half-way
                     sys.modules["ray"].shutdown()
             finally:
+                settle()
                 local.stop()
     if stopped_code is not None:
-        _exit_stopped(stopped_code)
+        raise _Stopped(stopped_code)  # through _run's finally (the results lock) to run(), which exits

@@ -233,6 +233,8 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         multimodal_said = False  # the builtin trainer says once that it trains VLM samples' text only
         with progress:
             for step, rollout_id in enumerate(rollout_ids):
+                if stopped_by is not None and stopped_by():  # a stop whose KeyboardInterrupt was swallowed
+                    raise KeyboardInterrupt
                 if step == 0:
                     starting(f"step 1: loading rollout {rollout_id}")
                 waited = time.perf_counter()
