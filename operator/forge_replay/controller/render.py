@@ -16,7 +16,7 @@ from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ObjectMeta
 from forge_replay.api import paths
 from forge_replay.api.models import MUTABLE_AFTER_LAUNCH
 from forge_replay.api.runtime_config import RuntimeConfig
-from forge_replay.backends import launch, worker_nodes
+from forge_replay.backends import entry, launch, worker_nodes
 from forge_replay.backends.publish import PROBE_FOLDER
 from forge_replay.controller import naming
 from forge_replay.controller.settings import OperatorSettings
@@ -261,6 +261,8 @@ def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
     spec = job.spec
     queued = bool(spec.scheduling.queue_name)
     metadata = _metadata(job, naming.ray_job_name(_name(job)), settings)
+    if _byo(job):
+        metadata.setdefault("annotations", {})[naming.ANNOTATION_ENTRYPOINT] = byo_shell_line(job)
     if queued:
         metadata["labels"][naming.LABEL_KUEUE_QUEUE] = spec.scheduling.queue_name
     workers = [_trainer_group(job, settings)]
@@ -559,12 +561,19 @@ def _byo(job: ForgeReplayJob) -> bool:
     return job.spec.trainer.backend != "builtin"
 
 
-def _entrypoint(job: ForgeReplayJob) -> str:
-    """Our runtime for the builtin trainer; ``cd <workingDir> && python3 <script> <args + injected>`` else."""
-    if not _byo(job):
-        return ENTRYPOINT
+def byo_shell_line(job: ForgeReplayJob) -> str:
+    """What a slime / miles job runs on the Ray head: ``cd <workingDir> && python3 <script> <args + injected>``, then
+    the memory report's publish step (also the RayJob's ``forgereplay.io/entrypoint`` annotation, for review)."""
     return launch.entrypoint(job.spec, paths.DUMPS_MOUNT, results_dir=_results_dir(job), job_name=_name(job),
                              progress_configmap=naming.progress_map_name(_name(job)))
+
+
+def _entrypoint(job: ForgeReplayJob) -> str:
+    """Our runtime for the builtin trainer; the slime / miles shell line through ``backends.entry`` else (KubeRay
+    pastes an entrypoint into its submitter's shell: the line's operators would run there)."""
+    if not _byo(job):
+        return ENTRYPOINT
+    return entry.encode(byo_shell_line(job))
 
 
 def _byo_runtime_env(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
