@@ -92,8 +92,9 @@ def test_a_slime_job_runs_the_teams_script_on_the_teams_image(real_cluster, oper
         "slime", True, 0, ROLLOUTS)
     assert args["load_forge_rollout_data"] == f"{DUMPS_MOUNT}/smoke/rollout_{{rollout_id}}.pt"
     assert args["rollout_function_path"] == "forge_replay.replay.generate_rollout"
-    assert [(r["rollout_id"], r["rollout_ids"], r["trained_mib"]) for r in stand_in["train"]] == [
-        (i, [i], TRAIN_MIB) for i in range(ROLLOUTS)]
+    # rollouts 0..3, each its own dump's 8 samples (none from rollout 0's file), each step in a Ray worker
+    assert [(r["rollout_id"], r["samples"], r["metrics"]["forge_replay/fallback_used"], r["trained_mib"])
+            for r in stand_in["train"]] == [(i, 8, 0, TRAIN_MIB) for i in range(ROLLOUTS)]
     assert stand_in["eval"] == []  # slime's --debug-train-only: no eval
 
     # The publish step after the script: report.json in the run's own folder.
