@@ -14,6 +14,14 @@ Layers (each cached under ``<cache>/images/``, keyed by what it is built from):
 3. ``operator`` and ``runtime``: ``images/operator/Dockerfile`` and ``images/runtime/Dockerfile`` as they are,
    with ``PYTHON_IMAGE`` / ``SGLANG_IMAGE`` pointing at the bases above and ``FORGE_REPLAY_EXTRAS=runtime``
    (a CPU build leaves sglang out). Rebuilt when the Dockerfile, pyproject.toml or operator/ change.
+4. ``sglang-standin`` (TEST ONLY, scenario 4): the runtime image plus a stand-in ``sglang`` package whose
+   ``python -m sglang.launch_server`` runs the sglang test double (tests/e2e/sglang_standin/launch_server.py,
+   tests/doubles/), and sglang-router at the dev extra's pin: forge mode's own engine command, health checks,
+   router and weight pushes run in pods, with the product's image and code paths unchanged. Rebuilt when the
+   runtime image or those files change.
+5. ``byo-standin`` (TEST ONLY, scenario 7): a team's trainer image as slime's look: the runtime base (Python,
+   torch, Ray; no forge_replay: the job's init container brings it) with the stand-in ``train.py`` of tests/byo
+   under ``/root/slime``, running as root. Rebuilt when the runtime base or that file change.
 
 Builds run ``buildah build --network host --isolation chroot`` (nothing is created on the host's network)
 with storage under the cache, each in a private mount namespace (no mount stays on the host). pip inside a
@@ -221,6 +229,92 @@ def product_image(name: str, log_path: Path, rebuild: bool = False) -> Image:
     return Image(name, reference, archive)
 
 
+STANDIN_DIR = "/opt/forge-replay-test"
+
+
+def sglang_router_requirement() -> str:
+    """The sglang-router pin of pyproject's dev extra (what the tests run the router with)."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    return next(d for d in project["optional-dependencies"]["dev"] if d.startswith("sglang-router"))
+
+
+def sglang_standin_image(log_path: Path, rebuild: bool = False) -> Image:
+    """TEST ONLY: the runtime image with ``python -m sglang.launch_server`` running the sglang test double and
+    sglang-router installed (pip keeps every package of the runtime image at its version); cached by its inputs."""
+    runtime = product_image("runtime", log_path)
+    doubles = REPO_ROOT / "tests" / "doubles"
+    launcher = REPO_ROOT / "tests" / "e2e" / "sglang_standin" / "launch_server.py"
+    router = sglang_router_requirement()
+    key = _digest(runtime.reference, doubles, launcher, router)
+    reference = f"{REGISTRY}/sglang-standin:{key}"
+    archive = images_dir() / f"sglang-standin-{key}.tar"
+    if archive.exists() and not rebuild:
+        return Image("sglang-standin", reference, archive)
+    if not _have(runtime.reference):  # the runtime's archive was cached, buildah's copy not
+        _buildah("pull", f"oci-archive:{runtime.archive}", log_path=log_path)
+    context = images_dir() / "sglang-standin-context"
+    shutil.rmtree(context, ignore_errors=True)
+    (context / "doubles").mkdir(parents=True)
+    for file in doubles.glob("*.py"):
+        shutil.copy(file, context / "doubles" / file.name)
+    shutil.copy(launcher, context / "launch_server.py")
+    (context / "Containerfile").write_text(
+        f"FROM {runtime.reference}\n"
+        "USER 0:0\n"
+        f"COPY doubles/ {STANDIN_DIR}/doubles/\n"
+        f"COPY launch_server.py {STANDIN_DIR}/launch_server.py\n"
+        "RUN site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') \\\n"
+        "    && mkdir -p $site/sglang \\\n"
+        "    && echo '\"\"\"TEST ONLY stand-in for sglang (tests/cluster/images.py): no engine.\"\"\"' \\\n"
+        "       > $site/sglang/__init__.py \\\n"
+        f"    && cp {STANDIN_DIR}/launch_server.py $site/sglang/launch_server.py \\\n"
+        "    && python3 -m pip list --format=freeze > /tmp/constraints.txt \\\n"
+        f"    && python3 -m pip install --no-cache-dir --constraint /tmp/constraints.txt '{router}' \\\n"
+        "    && rm /tmp/constraints.txt \\\n"
+        "    && python3 -c 'import sglang_router, importlib.util; assert importlib.util.find_spec(\"sglang\")'\n"
+        "USER 10001:10001\n")
+    started = time.monotonic()
+    _log(f"building {reference} (TEST ONLY: the sglang stand-in over {runtime.reference}) ...")
+    _buildah("build", "--network=host", "--isolation=chroot", *_build_mounts(), "--layers=false",
+             f"--tag={reference}", f"--file={context / 'Containerfile'}", str(context), log_path=log_path)
+    _log(f"built {reference} in {time.monotonic() - started:.0f}s")
+    _export(reference, archive, log_path)
+    _prune("sglang-standin", reference, archive)
+    return Image("sglang-standin", reference, archive)
+
+
+BYO_WORKING_DIR = "/root/slime"
+
+
+def byo_standin_image(log_path: Path, rebuild: bool = False) -> Image:
+    """TEST ONLY: a stand-in for a team's slime image: the CPU runtime base (Ray and torch as in our runtime image,
+    forge_replay not installed) with tests/byo/train.py at ``BYO_WORKING_DIR``, as root; cached by its inputs."""
+    base = runtime_base(log_path)
+    script = REPO_ROOT / "tests" / "byo" / "train.py"
+    key = _digest(base, script)
+    reference = f"{REGISTRY}/byo-standin:{key}"
+    archive = images_dir() / f"byo-standin-{key}.tar"
+    if archive.exists() and not rebuild:
+        return Image("byo-standin", reference, archive)
+    context = images_dir() / "byo-standin-context"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    shutil.copy(script, context / "train.py")
+    (context / "Containerfile").write_text(
+        f"FROM {base}\n"
+        f"COPY train.py {BYO_WORKING_DIR}/train.py\n"
+        "RUN python3 -c 'import ray, torch' && ! python3 -c 'import forge_replay' 2>/dev/null\n"
+        f"WORKDIR {BYO_WORKING_DIR}\n")
+    started = time.monotonic()
+    _log(f"building {reference} (TEST ONLY: a stand-in slime image over {base}) ...")
+    _buildah("build", "--network=host", "--isolation=chroot", "--layers=false", f"--tag={reference}",
+             f"--file={context / 'Containerfile'}", str(context), log_path=log_path)
+    _log(f"built {reference} in {time.monotonic() - started:.0f}s")
+    _export(reference, archive, log_path)
+    _prune("byo-standin", reference, archive)
+    return Image("byo-standin", reference, archive)
+
+
 def _prune(name: str, reference: str, archive: Path) -> None:
     """Drop the older builds of an image (archives of GBs and buildah's copies): only the current one is used."""
     for old in images_dir().glob(f"{name}-*.tar"):
@@ -239,7 +333,9 @@ def build_images(names: tuple[str, ...] = ("operator", "runtime"), rebuild: tupl
                               "(apt-get install buildah mmdebstrap uidmap fuse-overlayfs)")
     images_dir().mkdir(parents=True, exist_ok=True)
     log_path = images_dir() / "build.log"
-    return [product_image(name, log_path, rebuild=name in rebuild) for name in names]
+    test_only = {"sglang-standin": sglang_standin_image, "byo-standin": byo_standin_image}
+    return [test_only[name](log_path, rebuild=name in rebuild) if name in test_only
+            else product_image(name, log_path, rebuild=name in rebuild) for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from forge_replay.backends.publish import publish
 from forge_replay.controller import naming
 from tests.cluster.test_operator import api, assert_strict_dry_run, operator, operator_kubeconfig  # noqa: F401
 from tests.unit.test_byo_publish import write_probe_files
-from tests.unit.test_byo_render import shell_commands
+from tests.unit.test_byo_render import entrypoint_line, shell_commands
 
 pytestmark = pytest.mark.cluster
 
@@ -39,7 +39,7 @@ def test_operator_launches_the_team_script(control_plane, operator, api, namespa
     doc = job_doc("byo", namespace, trainer=trainer)
     apply(control_plane, doc)
     rayjob = wait_for("the RayJob", lambda: api.rayjob(namespace, "byo"))
-    words, *after = shell_commands(rayjob["spec"]["entrypoint"])
+    words, *after = shell_commands(entrypoint_line(rayjob))
     assert words[:5] == ["cd", "/root/miles", "&&", "python3", "train.py"]
     assert words[5:] == [*trainer["args"], *injected_argv(parse_job(doc).spec, DUMPS_MOUNT)]
     assert after[1][:3] == ["python3", "-m", "forge_replay.backends.publish"]  # then the memory report

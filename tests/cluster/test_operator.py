@@ -128,6 +128,32 @@ def test_status_follows_rayjob_running(control_plane, operator, api, namespace) 
     assert conditions["Reconciling"]["status"] == "True"
 
 
+def test_a_head_pod_lost_mid_run_fails_the_job_saying_so(control_plane, operator, api, namespace) -> None:
+    """KubeRay v1.5.0 fails the RayJob when the submitter dies with the head (SubmissionFailed, BackoffLimitExceeded);
+    the operator, reading the cluster's pods under its own RBAC, says the head pod went away (scenario 5's message
+    in real pods: tests/e2e/test_scenario5_faults.py)."""
+    from datetime import datetime, timezone
+
+    apply(control_plane, job_doc("lost", namespace))
+    wait_for("the RayJob", lambda: api.rayjob(namespace, "lost"))
+    control_plane.kubectl("patch", "configmap", "lost-progress", "-n", namespace, "--type=merge",
+                          "-p", '{"data": {"progress.json": "{\\"completed\\": 2, \\"total\\": 4}"}}')
+    head = {"head": {"podName": "lost-raycluster-z-head-abcde", "podIP": "10.245.0.9"}, "state": "ready"}
+    api.patch_rayjob_status(namespace, "lost", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                                "rayClusterName": "lost-raycluster-z", "rayClusterStatus": head})
+    wait_for("phase Running", phase_is(api, namespace, "lost", "Running"))
+    ended = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # KubeRay tears down at endTime + TTL (60 s)
+    api.patch_rayjob_status(namespace, "lost", {
+        "jobDeploymentStatus": "Failed", "reason": "SubmissionFailed", "endTime": ended,
+        "message": "Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached the specified "
+                   "backoff limit"})
+    status = wait_for("phase Failed", phase_is(api, namespace, "lost", "Failed"))
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["reason"] == "HeadPodLost", status
+    assert ready["message"].startswith(
+        "the Ray head pod lost-raycluster-z-head-abcde was deleted mid-run, after 2 of 4 rollouts"), ready["message"]
+
+
 def _pod_of(api: Api, namespace: str, job_name: str):
     pods = api.kube.list("v1", "Pod", namespace, f"job-name={job_name}")
     return pods[0] if pods else None

@@ -27,10 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "forge-replay-operator"
 OPERATOR_NAMESPACE = "forge-system"
 RELEASE = "forge"
-# Small enough for the 2-core real node: operator 100m + head + CPU trainer + KubeRay's submitter (500m).
 DUMPS_UID = 2000  # the dumps are written by another user than the runtime's 10001
 TTL_SECONDS = 15  # ttlSecondsAfterFinished of the e2e jobs
-SMALL_RUNTIME_RESOURCES = {"head": {"cpu": "250m", "memory": "3Gi"}, "cpuWorker": {"cpu": "500m", "memory": "6Gi"},
+# Small enough for the 2-core real node: operator 100m + head + KubeRay's submitter (500m) + CPU worker pods: the
+# trainer, and in forge mode (scenario 4) two engine pods of the same size. Requests only: no CPU limit is set, and
+# Ray counts each pod as 1 CPU (KubeRay rounds up).
+SMALL_RUNTIME_RESOURCES = {"head": {"cpu": "250m", "memory": "3Gi"}, "cpuWorker": {"cpu": "250m", "memory": "6Gi"},
                            "shmSize": "1Gi"}
 SMALL_VERIFY_RESOURCES = {"cpus": 1, "memoryGiB": 1}  # spec.replay.verifyResources: the verify pod is sized per job
 
@@ -138,10 +140,12 @@ def provide_volume(plane: ControlPlane, namespace: str, claim: str, access_mode:
     return folder
 
 
-def write_dumps(folder: Path, num_rollouts: int, prompts: int = 2, response_len: int = 16) -> None:
-    """Synthetic dumps for examples/smoke-cpu.yaml (smoke/rollout_{id}.pt), owned by DUMPS_UID, mode 0644."""
+def write_dumps(folder: Path, num_rollouts: int, prompts: int = 2, response_len: int = 16,
+                path: str = "smoke/rollout_{rollout_id}.pt") -> None:
+    """Synthetic dumps for examples/smoke-cpu.yaml (``path``: smoke/rollout_{id}.pt), owned by DUMPS_UID, mode
+    0644."""
     subprocess.run([sys.executable, "-m", "forge_replay.cli", "dumps", "synth", "--out",
-                    str(folder / "smoke" / "rollout_{rollout_id}.pt"), "--num-rollouts", str(num_rollouts),
+                    str(folder / path), "--num-rollouts", str(num_rollouts),
                     "--prompts", str(prompts), "--samples-per-prompt", "4", "--prompt-len", "16",
                     "--response-len", str(response_len), "--vocab-size", "512"],
                    check=True, capture_output=True, timeout=300)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from click.testing import CliRunner
 
 from forge_replay.api import parse_job
 from forge_replay.api.paths import DUMPS_MOUNT, RESULTS_MOUNT
-from forge_replay.backends import injected_argv, worker_nodes
+from forge_replay.backends import entry, injected_argv, worker_nodes
 from forge_replay.backends.launch import FORGE_LIB_MOUNT
 from forge_replay.backends.probe import HOOK, PROBE_DIR_ENV
 from forge_replay.controller.cli import objects_yaml, render as render_command
@@ -57,6 +60,59 @@ def test_golden_cases_cover_both_backends_and_modes() -> None:
     assert {"slime-forge", "slime-debug-upstream", "miles-forge-colocated", "miles-debug"} <= set(CASES)
 
 
+def entrypoint_line(ray_job: dict) -> str:
+    """The shell line a slime / miles RayJob runs on its head (its entrypoint is ``backends.entry`` and the line)."""
+    python, flag, module, payload = ray_job["spec"]["entrypoint"].split(" ")
+    assert (python, flag, module) == ("python3", "-m", entry.MODULE)
+    line = entry.decode(payload)
+    assert ray_job["metadata"]["annotations"]["forgereplay.io/entrypoint"] == line  # readable, for review
+    return line
+
+
+SUBMITTER_STUBS = r"""
+record() { printf '%s\037' "$@" >> "$RECORD"; printf '\036' >> "$RECORD"; }
+ray() { record ray "$@"; [ "$2" != status ]; }
+cd() { record cd "$@"; }
+python3() { record python3 "$@"; }
+python() { record python "$@"; }
+exit() { record exit "$@"; }
+"""
+"""Every command the submitter could run, recorded (``ray job status`` answers "not submitted yet")."""
+
+
+def kuberay_submitter(entrypoint: str, tmp_path: Path) -> list[list[str]]:
+    """What KubeRay v1.5.0's submitter pod runs for a RayJob's entrypoint, every command recorded instead of run:
+    its command line (controllers/ray/common/job.go BuildJobSubmitCommand, K8sJobMode: words joined by spaces, the
+    entrypoint pasted in as it is) run by ``bash -ce`` (rayjob_controller.go configureSubmitterContainer)."""
+    address = "http://byo-head-svc.ml.svc.cluster.local:8265"
+    command = " ".join(["if", "!", "ray", "job", "status", "--address", address, "byo-x1", ">/dev/null", "2>&1", ";",
+                        "then", "ray", "job", "submit", "--address", address, "--no-wait", "--submission-id", "byo-x1",
+                        "--", entrypoint, ";", "fi", ";", "ray", "job", "logs", "--address", address, "--follow",
+                        "byo-x1"])
+    record = tmp_path / "calls"
+    subprocess.run(["bash", "-ce", SUBMITTER_STUBS + command], env={"RECORD": str(record), "PATH": "/usr/bin:/bin"},
+                   cwd=tmp_path, check=False, timeout=30)
+    calls = record.read_text().split("\036")[:-1] if record.exists() else []
+    return [call.split("\037")[:-1] for call in calls]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kuberays_submitter_submits_the_whole_entrypoint_and_runs_nothing_of_it(case: str, tmp_path: Path) -> None:
+    """The submitter's shell must pass the entrypoint to `ray job submit` whole and run none of it itself (a `cd DIR
+    && python3 train.py ...; code=$?; ...` line once ran `train.py` in the submitter pod, which has no forge_replay,
+    and submitted `cd DIR` alone as the Ray job, which succeeded); `ray job submit` re-quotes the words after `--`
+    with list2cmdline (ray/dashboard/modules/job/cli.py) for the job's `sh -c`, which must give them back as they
+    are; and the line the Ray head then runs is the script's."""
+    ray_job = _ray_job(case)
+    entrypoint = ray_job["spec"]["entrypoint"]
+    calls = kuberay_submitter(entrypoint, tmp_path)
+    assert [c[:3] for c in calls] == [["ray", "job", "status"], ["ray", "job", "submit"], ["ray", "job", "logs"]], calls
+    submitted = calls[1][calls[1].index("--") + 1:]
+    assert subprocess.list2cmdline(submitted) == entrypoint
+    assert re.fullmatch(r"[A-Za-z0-9._=/ -]+", entrypoint), entrypoint  # nothing `sh -c` would interpret
+    assert shell_commands(entrypoint_line(ray_job))[0][:2] == ["cd", _job(case).spec.trainer.working_dir]
+
+
 def shell_commands(line: str) -> list[list[str]]:
     """A shell line's commands (split at ``;``), each as its words, ``&&`` kept as a word."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=";&")
@@ -74,7 +130,7 @@ def shell_commands(line: str) -> list[list[str]]:
 def test_entrypoint_runs_the_team_script_with_the_injected_flags(case: str) -> None:
     job = _job(case)
     trainer = job.spec.trainer
-    script, *after = shell_commands(_ray_job(case)["spec"]["entrypoint"])
+    script, *after = shell_commands(entrypoint_line(_ray_job(case)))
     assert script[:4] == ["cd", trainer.working_dir, "&&", "python3"]
     assert script[4] == trainer.script
     assert script[5:] == [*trainer.args, *injected_argv(job.spec, DUMPS_MOUNT)]
@@ -150,7 +206,10 @@ def test_builtin_jobs_keep_our_runtime() -> None:
 def test_forge_replay_render_shows_the_entrypoint() -> None:
     result = CliRunner().invoke(render_command, [str(GOLDEN / "miles-debug.in.yaml")])
     assert result.exit_code == 0, result.output
-    assert "entrypoint: cd /root/miles && python3 train.py --rollout-batch-size 16 --actor-num-nodes" in result.output
+    # the shell line the head runs, readable in the RayJob's annotation (its entrypoint carries it encoded)
+    [ray_job] = [o for o in yaml.safe_load_all(result.output) if o and o["kind"] == "RayJob"]
+    assert ray_job["metadata"]["annotations"]["forgereplay.io/entrypoint"].startswith(
+        "cd /root/miles && python3 train.py --rollout-batch-size 16 --actor-num-nodes")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -165,3 +224,12 @@ def test_team_pods_keep_the_image_user_and_ours_stay_non_root(case: str) -> None
             assert init["securityContext"]["runAsNonRoot"] is True
     for verify in (o for o in objects if o["kind"] == "Job"):  # our image: our non-root user
         assert verify["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == SETTINGS.runtime_uid
+
+
+def test_the_entry_module_runs_the_line_with_bash_and_exits_with_its_status(tmp_path: Path) -> None:
+    line = f'cd {shlex.quote(str(tmp_path))} && pwd && false; code=$?; echo "published $code"; exit 3'
+    word = entry.encode(line).split(" ")[-1]
+    done = subprocess.run([sys.executable, "-m", entry.MODULE, word], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(entry.__file__).parents[2])})
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.splitlines() == [f"forge-replay: running {line}", str(tmp_path), "published 1"]

@@ -253,3 +253,28 @@ def test_a_runs_engine_logs_are_its_own_and_a_restart_within_it_appends(tmp_path
         engine.start()
         engine.process.wait(timeout=60)
     assert log.read_text().splitlines() == ["first start", "second start"]
+
+
+@pytest.mark.parametrize(("use_gpus", "colocate", "slots", "wanted"), [
+    (False, False, 2.0, {"resources": {"forge_replay_engine": 1}}),  # CPU engines, the operator's rollout pods
+    (True, False, 4.0, {"resources": {"forge_replay_engine": 1}, "num_gpus": 2}),
+    (False, False, 0, {}),  # forge-replay run's local Ray: no slots, engines go anywhere
+    (True, True, 4.0, {}),  # colocated engines share the trainer's pods (no rollout pods exist)
+])
+def test_engines_take_an_engine_slot_where_the_ray_cluster_offers_them(use_gpus, colocate, slots, wanted, tmp_path):
+    """The operator's rollout pods offer one ENGINE_RAY_RESOURCE each (render.py); an engine takes one, so that a
+    CPU engine (no GPU to ask for) runs there and not on the trainer's or the head's pod."""
+    from forge_replay.api.paths import ENGINE_RAY_RESOURCE
+    from forge_replay.runtime.engines.fleet import EngineFleet, FleetSettings
+    from forge_replay.runtime.gating import plan_rollout_side
+
+    settings = FleetSettings(num_engines=2, gpus_per_engine=2, colocate=colocate, use_gpus=use_gpus,
+                             gpus_per_node=4)
+    fleet = EngineFleet(settings, plan_rollout_side("forge", False, []), ["server"], DUMMY, tmp_path,
+                        engine_command_given=True)
+    assert fleet.engine_slots == 0  # no Ray here
+    fleet.engine_slots = slots
+    options, _ = fleet._actor_options(1)
+    assert ENGINE_RAY_RESOURCE == "forge_replay_engine"
+    assert {k: v for k, v in options.items() if k in ("resources", "num_gpus")} == wanted
+    assert options["num_cpus"] == 0

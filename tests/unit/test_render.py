@@ -6,7 +6,9 @@ and review the diff like any other change.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -148,6 +150,27 @@ def test_cpu_trainer_asks_for_no_gpu() -> None:
         "resources"
     ]
     assert "nvidia.com/gpu" not in resources["limits"]
+
+
+def test_cpu_forge_engines_get_pods_of_their_own_without_gpus_and_the_head_takes_no_work() -> None:
+    """examples/forge-cpu.yaml in a cluster: one rollout pod per engine, with no nvidia.com/gpu (the runtime gives
+    CPU engines none: a GPU request could never be scheduled), offering Ray the one engine slot each engine takes
+    and no CPU, so the trainer's CPU bundle lands on the trainer pod, as it does with the head's num-cpus 0."""
+    from forge_replay.api.paths import ENGINE_RAY_RESOURCE
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "forge-cpu.yaml").read_text())
+    doc["metadata"]["namespace"] = "ml"
+    spec = render(parse_job(doc), SETTINGS)[-1]["spec"]["rayClusterSpec"]
+    trainer, rollout = spec["workerGroupSpecs"]
+    assert (rollout["groupName"], rollout["replicas"]) == ("rollout", 2)
+    resources = rollout["template"]["spec"]["containers"][0]["resources"]
+    assert "nvidia.com/gpu" not in resources["limits"] and "nvidia.com/gpu" not in resources["requests"]
+    assert resources["requests"]["cpu"] == SETTINGS.cpu_worker_cpu
+    params = rollout["rayStartParams"]
+    assert params["num-cpus"] == "0"
+    assert json.loads(params["resources"].strip("'")) == {ENGINE_RAY_RESOURCE: 1}  # as KubeRay reads it
+    assert shlex.split(f"--resources={params['resources']}") == [f'--resources={{"{ENGINE_RAY_RESOURCE}": 1}}']
+    assert trainer["rayStartParams"] == {} and spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
 
 
 def test_config_map_holds_a_runtime_config_the_runtime_can_read() -> None:
@@ -370,7 +393,8 @@ def test_reward_flags_follow_reward_key_and_every_verify_flag_is_the_clis(path: 
     key = job.spec.replay.reward_key
     for obj in render(job, SETTINGS):
         if obj["kind"] == "RayJob":
-            entrypoint = obj["spec"]["entrypoint"].split()
+            entrypoint = (obj["metadata"]["annotations"].get("forgereplay.io/entrypoint")  # slime / miles: the line
+                          or obj["spec"]["entrypoint"]).split()
             assert "--no-reward-key" not in entrypoint
             assert ("--reward-key" in entrypoint) == (key is not None and job.spec.trainer.backend != "builtin")
         if obj["kind"] == "Job":

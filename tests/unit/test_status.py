@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import yaml
@@ -422,3 +422,90 @@ def test_a_rayjob_created_suspended_is_suspended_through_kuberays_initializing()
     assert [s["phase"] for s in statuses] == ["Suspended"] * 4
     assert all(same_status(statuses[0], s) for s in statuses[1:])
     assert created["rayClusterName"] is None  # no Ray cluster exists while suspended
+
+
+# --------------------------------------------------------------- the Ray head pod lost mid-run (issue 23, scenario 5)
+
+HEAD = "memtest-raycluster-x7k2p-head-abcde"
+ENDED = datetime(2026, 11, 29, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def failed_rayjob(ttl: int = 300, **status) -> dict:
+    """A RayJob as KubeRay v1.5.0 leaves it when its submitter died with the head (K8sJobMode)."""
+    status = {"rayClusterStatus": {"head": {"podName": HEAD, "podIP": "10.245.0.7"}, "state": "ready"}, **status}
+    body = rayjob("Failed", "RUNNING", reason="SubmissionFailed", rayClusterName="memtest-raycluster-x7k2p",
+                  message="Job submission has failed. Reason: BackoffLimitExceeded. Message: Job has reached the "
+                  "specified backoff limit", endTime="2026-11-29T12:00:00Z", **status)
+    body["spec"].update(shutdownAfterJobFinishes=True, ttlSecondsAfterFinished=ttl)
+    return body
+
+
+def pod(name: str, *, deleting: bool = False, restarts: int = 0, last: dict | None = None, **status) -> dict:
+    meta = {"name": name, **({"deletionTimestamp": "2026-11-29T11:59:58Z"} if deleting else {})}
+    container = {"name": "ray-head", "restartCount": restarts, "state": {"running": {}},
+                 **({"lastState": {"terminated": last}} if last else {})}
+    return {"metadata": meta, "spec": {"containers": [{"name": "ray-head"}]},
+            "status": {"containerStatuses": [container], **status}}
+
+
+WORKER = pod("memtest-raycluster-x7k2p-trainer-worker-q8r9s")
+
+
+def test_head_pod_loss_says_how_the_head_the_job_ran_on_went_away() -> None:
+    from forge_replay.controller.status import head_pod_loss
+
+    soon = ENDED + timedelta(seconds=2)
+    assert head_pod_loss(failed_rayjob(), [WORKER], soon) == f"the Ray head pod {HEAD} was deleted mid-run"
+    assert head_pod_loss(failed_rayjob(), [pod(HEAD, deleting=True), WORKER], soon) == (
+        f"the Ray head pod {HEAD} was deleted mid-run")
+    oom = pod(HEAD, restarts=1, last={"reason": "OOMKilled", "exitCode": 137})
+    assert head_pod_loss(failed_rayjob(), [oom], soon) == (
+        f"the Ray container ray-head of head pod {HEAD} restarted mid-run (OOMKilled, exit code 137)")
+    evicted = pod(HEAD, reason="Evicted", message="The node was low on resource: memory.")
+    assert head_pod_loss(failed_rayjob(), [evicted], soon) == (
+        f"the Ray head pod {HEAD} was evicted mid-run: The node was low on resource: memory.")
+    # The head still there and never restarted: the job failed for another reason.
+    assert head_pod_loss(failed_rayjob(), [pod(HEAD), WORKER], soon) is None
+
+
+def test_head_pod_loss_is_not_claimed_once_kuberay_may_have_torn_the_cluster_down() -> None:
+    from forge_replay.controller.status import head_pod_loss
+
+    # endTime + ttlSecondsAfterFinished is when KubeRay deletes the cluster itself (a margin for clock skew).
+    assert head_pod_loss(failed_rayjob(ttl=300), [], ENDED + timedelta(seconds=294)) is not None
+    assert head_pod_loss(failed_rayjob(ttl=300), [], ENDED + timedelta(seconds=296)) is None
+    assert head_pod_loss(failed_rayjob(ttl=0), [], ENDED) is None
+    kept = failed_rayjob(ttl=0)
+    kept["spec"]["shutdownAfterJobFinishes"] = False  # never torn down by KubeRay
+    assert head_pod_loss(kept, [], ENDED + timedelta(days=1)) is not None
+    unended = failed_rayjob()
+    del unended["status"]["endTime"]
+    assert head_pod_loss(unended, [], ENDED) is None
+    # No head recorded with the job's status (it never started on one): nothing to say.
+    assert head_pod_loss(failed_rayjob(rayClusterStatus={}), [], ENDED) is None
+
+
+def test_a_head_pod_deleted_mid_run_fails_the_job_saying_so_and_the_message_stays() -> None:
+    progress = ProgressReport(completed=3, total=8)
+    soon = ENDED + timedelta(seconds=2)
+    status = status_from(job(_launched_running()), failed_rayjob(), None, progress, ray_pods=[WORKER], now=soon)
+    ready, stalled, cluster = (cond(status, k) for k in ("Ready", "Stalled", "ClusterReady"))
+    assert status["phase"] == "Failed"
+    assert ready["reason"] == stalled["reason"] == cluster["reason"] == "HeadPodLost"
+    message = status["message"]
+    assert message.startswith(f"the Ray head pod {HEAD} was deleted mid-run, after 3 of 8 rollouts")
+    assert "BackoffLimitExceeded" in message  # KubeRay's own words stay, as the consequence
+    assert "delete and re-create the ForgeReplayJob" in message
+    assert "submit the entrypoint" not in message  # not the hint about a submission that never worked
+    assert ready["message"] == message == stalled["message"]
+    # Later reconciles (KubeRay deleted the cluster's pods after the TTL) keep what was seen.
+    later = status_from(job(status), failed_rayjob(), None, progress, ray_pods=None, now=LATER)
+    assert later["message"] == message and cond(later, "Ready")["reason"] == "HeadPodLost"
+
+
+def test_a_failed_job_whose_head_is_still_there_keeps_kuberays_reason() -> None:
+    soon = ENDED + timedelta(seconds=2)
+    status = status_from(job(_launched_running()), failed_rayjob(), None, ProgressReport(completed=3, total=8),
+                         ray_pods=[pod(HEAD), WORKER], now=soon)
+    assert cond(status, "Ready")["reason"] == "SubmissionFailed"
+    assert "BackoffLimitExceeded" in status["message"] and "head pod" not in status["message"].split(".")[0]

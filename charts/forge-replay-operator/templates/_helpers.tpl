@@ -60,7 +60,8 @@ in docs/operator.md (one rule list for the ClusterRole and for every namespaced 
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# The dump-verification Job, and its pods (their termination message becomes the DumpsVerified message).
+# The dump-verification Job, and pods: the verify pod's termination message (the DumpsVerified message), why a
+# launching Ray pod does not start, whether a failed job's Ray head pod was lost mid-run.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create"]

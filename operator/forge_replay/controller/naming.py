@@ -12,6 +12,7 @@ LABEL_ROLE = f"{PREFIX}/role"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 ANNOTATION_SPEC_HASH = f"{PREFIX}/spec-hash"
+ANNOTATION_ENTRYPOINT = f"{PREFIX}/entrypoint"  # a slime / miles RayJob's shell line, readable (backends.entry)
 """Hash of the launched spec (all of it but ``suspend``), on the job and on every child."""
 
 FINALIZER = f"{PREFIX}/finalizer"

@@ -293,6 +293,7 @@ class Reconciler:
         status = status_from(
             status_job, rayjob, verify_job, progress, verify_message=verify_message, refusal=refusal,
             launch_note=self._launch_note(namespace, rayjob),
+            ray_pods=self._ray_pods_at_failure(namespace, rayjob, previous),
         )
         return self._write_status(body, previous, status)
 
@@ -381,6 +382,19 @@ class Reconciler:
             return None  # suspended: its pods are being deleted, none is meant to start
         pods = self.kube.list("v1", "Pod", namespace, f"ray.io/cluster={cluster}")
         return verify_pod_note(pods, failed=False)
+
+    def _ray_pods_at_failure(
+        self, namespace: str, rayjob: dict[str, Any] | None, previous: dict[str, Any]
+    ) -> list[dict[str, Any]] | None:
+        """The pods of a RayJob's Ray cluster, read once when the RayJob has just ended (whether its head pod was
+        lost mid-run: ``status.head_pod_loss``); None otherwise."""
+        status = (rayjob or {}).get("status") or {}
+        cluster = status.get("rayClusterName")
+        if not cluster or not status.get("endTime") or previous.get("phase") in ("Succeeded", "Failed"):
+            return None
+        if status.get("jobDeploymentStatus") == "Complete" and status.get("jobStatus") == "SUCCEEDED":
+            return None
+        return self.kube.list("v1", "Pod", namespace, f"ray.io/cluster={cluster}")
 
     def _propagate_suspend(self, job: ForgeReplayJob, rayjob: dict[str, Any], fresh: bool = True) -> dict[str, Any]:
         """spec.suspend -> RayJob.spec.suspend. With a Kueue queue Kueue owns suspend (it un-suspends what it

@@ -16,7 +16,7 @@ from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ObjectMeta
 from forge_replay.api import paths
 from forge_replay.api.models import MUTABLE_AFTER_LAUNCH
 from forge_replay.api.runtime_config import RuntimeConfig
-from forge_replay.backends import launch, worker_nodes
+from forge_replay.backends import entry, launch, worker_nodes
 from forge_replay.backends.publish import PROBE_FOLDER
 from forge_replay.controller import naming
 from forge_replay.controller.settings import OperatorSettings
@@ -266,6 +266,8 @@ def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
     spec = job.spec
     queued = bool(spec.scheduling.queue_name)
     metadata = _metadata(job, naming.ray_job_name(_name(job)), settings)
+    if _byo(job):
+        metadata.setdefault("annotations", {})[naming.ANNOTATION_ENTRYPOINT] = byo_shell_line(job)
     if queued:
         metadata["labels"][naming.LABEL_KUEUE_QUEUE] = spec.scheduling.queue_name
     workers = [_trainer_group(job, settings)]
@@ -289,7 +291,9 @@ def ray_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
             "rayClusterSpec": {
                 "rayVersion": settings.ray_version,
                 "headGroupSpec": {
-                    "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0"},
+                    # num-cpus 0: nothing of the job is placed on the head (its driver and managers take no CPU);
+                    # a CPU trainer (gpusPerNode: 0) goes to its own pod, not the head's GCS and small memory.
+                    "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"},
                     "template": _head_template(job, settings),
                 },
                 "workerGroupSpecs": workers,
@@ -492,7 +496,8 @@ def _gpu_resources(gpus: int, settings: OperatorSettings, extra_resources: dict[
 
 
 def _worker_group(
-    job: ForgeReplayJob, settings: OperatorSettings, *, group: str, replicas: int, gpus: int
+    job: ForgeReplayJob, settings: OperatorSettings, *, group: str, replicas: int, gpus: int,
+    ray_start_params: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     container = {"name": WORKER_CONTAINER, "resources": _gpu_resources(gpus, settings, job.spec.pod.extra_resources)}
     return {
@@ -500,7 +505,7 @@ def _worker_group(
         "replicas": replicas,
         "minReplicas": replicas,
         "maxReplicas": replicas,
-        "rayStartParams": {},
+        "rayStartParams": ray_start_params or {},
         "template": _pod_template(job, settings, role=group, container=container, gpu_group=True),
     }
 
@@ -513,13 +518,20 @@ def _trainer_group(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str,
 
 
 def _rollout_group(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any] | None:
-    """One pod per sglang engine (numGpusPerEngine GPUs each); None in debug mode or when colocated."""
+    """One pod per sglang engine (numGpusPerEngine GPUs each, none with ``gpusPerNode: 0`` as the runtime gives the
+    engines none); None in debug mode or when colocated.
+
+    Each pod offers one ``ENGINE_RAY_RESOURCE`` and no CPU to Ray: engines (which take one each and no CPU) run
+    there, the trainer's bundles (a CPU each) never do."""
     rollout = job.spec.rollout
     if job.spec.replay.mode != "forge" or rollout is None or rollout.colocate or _byo(job):
         return None
-    return _worker_group(
-        job, settings, group=ROLLOUT_GROUP, replicas=rollout.num_engines, gpus=rollout.num_gpus_per_engine
-    )
+    gpus = rollout.num_gpus_per_engine if job.spec.trainer.gpus_per_node > 0 else 0
+    # Single quotes: KubeRay puts the value into the shell command of `ray start`, and reads it as JSON itself
+    # after trimming them (kuberay v1.5.0 controllers/ray/common/pod.go getResourcesMap).
+    params = {"num-cpus": "0", "resources": f"'{json.dumps({paths.ENGINE_RAY_RESOURCE: 1})}'"}
+    return _worker_group(job, settings, group=ROLLOUT_GROUP, replicas=rollout.num_engines, gpus=gpus,
+                         ray_start_params=params)
 
 
 def _submitter_template(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
@@ -554,12 +566,19 @@ def _byo(job: ForgeReplayJob) -> bool:
     return job.spec.trainer.backend != "builtin"
 
 
-def _entrypoint(job: ForgeReplayJob) -> str:
-    """Our runtime for the builtin trainer; ``cd <workingDir> && python3 <script> <args + injected>`` else."""
-    if not _byo(job):
-        return ENTRYPOINT
+def byo_shell_line(job: ForgeReplayJob) -> str:
+    """What a slime / miles job runs on the Ray head: ``cd <workingDir> && python3 <script> <args + injected>``, then
+    the memory report's publish step (also the RayJob's ``forgereplay.io/entrypoint`` annotation, for review)."""
     return launch.entrypoint(job.spec, paths.DUMPS_MOUNT, results_dir=_results_dir(job), job_name=_name(job),
                              progress_configmap=naming.progress_map_name(_name(job)))
+
+
+def _entrypoint(job: ForgeReplayJob) -> str:
+    """Our runtime for the builtin trainer; the slime / miles shell line through ``backends.entry`` else (KubeRay
+    pastes an entrypoint into its submitter's shell: the line's operators would run there)."""
+    if not _byo(job):
+        return ENTRYPOINT
+    return entry.encode(byo_shell_line(job))
 
 
 def _byo_runtime_env(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:

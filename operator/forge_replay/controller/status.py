@@ -11,13 +11,15 @@ Conditions are written for kstatus (Flux) and Argo CD health checks:
 - ``ExpectationsMet`` (with ``spec.expect``): the verdict the runtime recorded (``status.expectations``); False fails
   the job with reason ``ExpectationsNotMet`` and the first failure.
 
-A KubeRay ``Complete`` with a ``jobStatus`` other than ``SUCCEEDED`` is a failure.
+A KubeRay ``Complete`` with a ``jobStatus`` other than ``SUCCEEDED`` is a failure. A failure because the Ray head
+pod went away mid-run (``head_pod_loss``) says so, with reason ``HeadPodLost``, instead of KubeRay's words about the
+submitter it took down.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from forge_replay.api import ForgeReplayJob, Problem
@@ -116,13 +118,16 @@ def status_from(
     verify_message: str | None = None,
     refusal: Refusal | None = None,
     launch_note: str | None = None,
+    ray_pods: list[dict[str, Any]] | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """The status of ``job`` given its observed children (``job.status`` is the previous status).
 
     ``launch_note`` is why a Ray pod of a launching RayJob is stuck (its own reason: unschedulable, image
-    pull, ...); it goes into ClusterReady and the message."""
-    now_text = rfc3339(now or datetime.now(timezone.utc))
+    pull, ...); it goes into ClusterReady and the message. ``ray_pods`` are the pods of the RayJob's Ray cluster
+    as read when it failed: whether its head pod was lost mid-run (``head_pod_loss``)."""
+    now = now or datetime.now(timezone.utc)
+    now_text = rfc3339(now)
     previous = _previous(job)
     spec = job.spec
     name = job.metadata.name
@@ -149,6 +154,9 @@ def status_from(
             cluster = _Cond("False", "PodsNotReady", f"{cluster.message}; {launch_note}")
             message = f"{message}; {launch_note}"
         rj_status = rayjob.get("status") or {}
+        if phase == "Failed":
+            reason, message, cluster = _head_pod_lost(job, previous, rayjob, ray_pods, progress, now) or (
+                reason, message, cluster)
         if phase in TERMINAL_PHASES:
             completion = rj_status.get("endTime")
     elif launched_before and progress is not None and progress.result is not None:
@@ -473,6 +481,84 @@ def _from_rayjob(job: ForgeReplayJob, rayjob: dict[str, Any]) -> tuple[str, str,
     )
     label = deployment or "New"
     return "Launching", "Launching", f"RayJob {name} is {label.lower()}: waiting for its Ray cluster", cluster
+
+
+HEAD_POD_LOST = "HeadPodLost"
+TEARDOWN_MARGIN = timedelta(seconds=5)
+"""How long before KubeRay's own teardown (the RayJob's endTime + ttlSecondsAfterFinished) a missing head pod stops
+counting as lost: the operator's clock and KubeRay's may differ by that much."""
+
+
+def head_pod_loss(rayjob: dict[str, Any], pods: list[dict[str, Any]], now: datetime) -> str | None:
+    """What happened to the Ray head pod a failed RayJob ran on, when it went away mid-run; None otherwise.
+
+    The head the job ran on is the one KubeRay recorded with the job's status (``status.rayClusterStatus.head``,
+    written when the Ray job started, kuberay v1.5.0 controllers/ray/rayjob_controller.go:331 and
+    raycluster_controller.go:1636). It is lost when it is missing from ``pods`` (the pods of the Ray cluster, read
+    now), being deleted, evicted, or when its Ray container restarted (Ray keeps nothing of a job across a head
+    restart). KubeRay does not re-create the head of a RayJob's cluster (raycluster_controller.go:621-631).
+    Only before KubeRay's own teardown of a finished job (``status.endTime`` + ``ttlSecondsAfterFinished``,
+    rayjob_controller.go:1305) is a missing head a loss: afterwards KubeRay deleted it itself."""
+    spec = rayjob.get("spec") or {}
+    status = rayjob.get("status") or {}
+    name = ((status.get("rayClusterStatus") or {}).get("head") or {}).get("podName")
+    if not name:
+        return None
+    if spec.get("shutdownAfterJobFinishes"):
+        ended = _parse_time(status.get("endTime"))
+        if ended is None:
+            return None
+        teardown = ended + timedelta(seconds=spec.get("ttlSecondsAfterFinished") or 0)
+        if now + TEARDOWN_MARGIN >= teardown:
+            return None
+    pod = next((p for p in pods if (p.get("metadata") or {}).get("name") == name), None)
+    if pod is None or pod["metadata"].get("deletionTimestamp"):
+        return f"the Ray head pod {name} was deleted mid-run"
+    pod_status = pod.get("status") or {}
+    if pod_status.get("reason") == "Evicted":
+        return f"the Ray head pod {name} was evicted mid-run: {pod_status.get('message') or 'no message'}"
+    ray_container = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("name")
+    for container in pod_status.get("containerStatuses") or []:
+        last = (container.get("lastState") or {}).get("terminated")
+        if container.get("name") == ray_container and container.get("restartCount") and last:
+            return (f"the Ray container {ray_container} of head pod {name} restarted mid-run "
+                    f"({last.get('reason') or 'Error'}, exit code {last.get('exitCode')})")
+    return None
+
+
+def _head_pod_lost(
+    job: ForgeReplayJob, previous: dict[str, Any], rayjob: dict[str, Any], pods: list[dict[str, Any]] | None,
+    progress: ProgressReport | None, now: datetime,
+) -> tuple[str, str, _Cond] | None:
+    """Reason, message and ClusterReady of a job that failed because its Ray head went away (kept once written:
+    KubeRay deletes the pods later, after which the loss can no longer be seen)."""
+    if previous.get("phase") == "Failed" and _condition_of(previous, "Ready")[0] == HEAD_POD_LOST:
+        message = _condition_of(previous, "Ready")[1]
+        return HEAD_POD_LOST, message, _Cond("False", HEAD_POD_LOST, _condition_of(previous, "ClusterReady")[1])
+    loss = head_pod_loss(rayjob, pods or [], now)
+    if loss is None:
+        return None
+    if progress is not None:
+        done, total = progress.completed, progress.total or job.spec.replay.num_rollouts
+    else:
+        done = (previous.get("rollouts") or {}).get("completed", 0)
+        total = job.spec.replay.num_rollouts
+    said = ((rayjob.get("status") or {}).get("message") or "").strip()
+    kuberay = f" (KubeRay: {said})" if said else ""
+    message = (
+        f"{loss}, after {done} of {total} rollouts: the Ray job and the trainer died with it{kuberay}. "
+        f"What to do: nothing of the run is resumed; delete and re-create the ForgeReplayJob (kubectl delete "
+        f"forgereplayjob {job.metadata.name}, then kubectl apply the same file) to run it again; if nobody deleted "
+        "the pod, its node or a memory limit did: see kubectl get events"
+    )
+    return HEAD_POD_LOST, message, _Cond("False", HEAD_POD_LOST, f"{loss}; the Ray cluster has no head")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
 
 
 HINTS = {

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge_replay.api.paths import ENGINE_RAY_RESOURCE
 from forge_replay.runtime.engines.actor import EngineInfo, engine_actor_class
 from forge_replay.runtime.engines.eval_fleet import EvalFleet
 from forge_replay.runtime.engines.faults import FAULTS_ENV, FaultInjector
@@ -76,6 +77,17 @@ def _this_node_ip() -> str | None:
         return ray.util.get_node_ip_address() if ray.is_initialized() else None
     except Exception:  # noqa: BLE001 - outside Ray every engine is local
         return None
+
+
+def _engine_slots() -> float:
+    """How many ``ENGINE_RAY_RESOURCE`` the Ray cluster offers (the operator's rollout pods, one each); 0 outside a
+    Ray cluster made by the operator (``forge-replay run``'s local Ray)."""
+    try:
+        import ray
+
+        return ray.cluster_resources().get(ENGINE_RAY_RESOURCE, 0) if ray.is_initialized() else 0
+    except Exception:  # noqa: BLE001 - no Ray: no slots
+        return 0
 
 
 def _get_unwrapped(refs):
@@ -165,6 +177,9 @@ class EngineFleet:
         self._released = False
         self._previous_checkpoint: Path | None = None
         self._node_ip = _this_node_ip()
+        self.engine_slots = _engine_slots()
+        """Engine slots of the Ray cluster: when there are any, every disaggregated engine takes one, so it runs on
+        a rollout pod (with no GPU to ask for, a CPU engine could otherwise land on any pod)."""
         self.weight_sync: WeightSyncPlan = plan_weight_sync(settings.weight_sync, settings.colocate, settings.use_gpus)
         self.generation = 0
         """Bumped whenever engines are (re)started: a distributed push then forms a new weight group."""
@@ -225,6 +240,8 @@ class EngineFleet:
         # num_cpus=0: an engine actor only waits on its process; it must not take the trainer's CPUs.
         # max_concurrency: a health-triggered kill must not queue behind a long start().
         options: dict = {"num_cpus": 0, "max_concurrency": 4}
+        if self.engine_slots and not s.colocate:
+            options["resources"] = {ENGINE_RAY_RESOURCE: 1}
         if not s.use_gpus:
             return options, None
         if s.colocate:
