@@ -92,9 +92,11 @@ def test_a_slime_job_runs_the_teams_script_on_the_teams_image(real_cluster, oper
         "slime", True, 0, ROLLOUTS)
     assert args["load_forge_rollout_data"] == f"{DUMPS_MOUNT}/smoke/rollout_{{rollout_id}}.pt"
     assert args["rollout_function_path"] == "forge_replay.replay.generate_rollout"
-    # rollouts 0..3, each its own dump's 8 samples (none from rollout 0's file), each step in a Ray worker
-    assert [(r["rollout_id"], r["samples"], r["metrics"]["forge_replay/fallback_used"], r["trained_mib"])
-            for r in stand_in["train"]] == [(i, 8, 0, TRAIN_MIB) for i in range(ROLLOUTS)]
+    # rollouts 0..3, each its own dump's 8 samples (made for that rollout: none from rollout 0's file), each an
+    # episode of its own (Sample.rollout_id as dumped), each step in a Ray worker
+    assert [(r["rollout_id"], r["made_for"], r["samples"], r["rollout_ids"], r["metrics"]["forge_replay/fallback_used"],
+             r["trained_mib"]) for r in stand_in["train"]] == [(i, [i], 8, list(range(8)), 0, TRAIN_MIB)
+                                                              for i in range(ROLLOUTS)]
     assert stand_in["eval"] == []  # slime's --debug-train-only: no eval
 
     # The publish step after the script: report.json in the run's own folder.
