@@ -17,11 +17,8 @@ what other jobs disturb least) and a JSON summary (--json FILE to keep it).
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
 import os
-import platform
 import random
 import sys
 import tempfile
@@ -34,6 +31,7 @@ from forge_replay.dumps.packed import open_packed, write_packed
 from forge_replay.dumps.sample import Sample
 
 from bench_args import output_file, positive_int, writable_dir
+from bench_output import emit, environment
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tests.doubles import upstream_types  # noqa: E402  (the miles/slime stand-ins, for the shaped dumps)
@@ -177,17 +175,7 @@ def main() -> int:
     sizes = [*SIZES, *SHAPED] if args.size == "all" else [args.size]
     with tempfile.TemporaryDirectory(dir=args.workdir) as workdir:
         results = [bench_size(name, workdir, args.repeats, args.skip_weights_only) for name in sizes]
-    summary = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "results": results,
-    }
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(summary, handle, indent=2)
+    emit({**environment(), "torch": torch.__version__, "results": results}, args.json)
     return 0
 
 

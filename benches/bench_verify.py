@@ -24,11 +24,9 @@ on a shared, loaded box CPU time is what other jobs disturb least.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -43,6 +41,7 @@ from forge_replay.dumps.synth import write_synth_dumps
 from forge_replay.dumps.verify import usable_cpus, verify_dumps
 
 from bench_args import non_negative_int, output_file, positive_int, writable_dir
+from bench_output import emit, environment
 
 VOCAB = 151_936
 LIMITS = ModelLimits(vocab_size=VOCAB, max_positions=131_072)  # a Qwen3-sized model that takes 64k tokens
@@ -184,19 +183,8 @@ def main() -> int:
         startup = bench_startup(workdir, args.repeats)
         results = [bench_shape(name, count, workdir, args.repeats, args.jobs)
                    for name, count in (("8k", args.files_8k), ("64k", args.files_64k)) if count]
-    summary = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",
-        "load_average": [round(x, 1) for x in os.getloadavg()],
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "startup": startup,
-        "results": results,
-    }
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(summary, handle, indent=2)
+    emit({**environment(), "load_average": [round(x, 1) for x in os.getloadavg()], "torch": torch.__version__,
+          "startup": startup, "results": results}, args.json)
     return 0
 
 

@@ -24,6 +24,7 @@ import yaml
 
 from forge_replay.api.paths import RESULTS_MOUNT
 from tests.cluster import images
+from tests.integration.test_forge_run import received_by_version  # what the sglang double received, per version
 from tests.e2e.conftest import (
     REPO,
     SMALL_VERIFY_RESOURCES,
@@ -116,20 +117,6 @@ def forge_runs(real_cluster, operator_release) -> dict[str, ForgeRun]:
     return runs
 
 
-def received(engine: dict, path: str) -> dict[str, dict]:
-    """Per weight version: tensors and sum of |values| the double really received on ``path`` (its buckets summed)."""
-    out: dict[str, dict] = {}
-    pending = {"tensors": 0, "abs_sum": 0.0}
-    for call in engine["calls"]:
-        if call["path"] == path:
-            got = call["body"]["received"]
-            pending = {"tensors": pending["tensors"] + got["tensors"], "abs_sum": pending["abs_sum"] + got["abs_sum"]}
-            if call["body"].get("weight_version") is not None:
-                out[call["body"]["weight_version"]] = pending
-                pending = {"tensors": 0, "abs_sum": 0.0}
-    return out
-
-
 def check_engines_in_their_own_pods(run: ForgeRun) -> None:
     """Two engines, each on a rollout pod of its own, health-checked, behind sglang_router, pushed every step."""
     engines = run.report["engines"]
@@ -162,7 +149,7 @@ def test_forge_mode_with_disk_weight_sync_in_pods_of_their_own(forge_runs) -> No
     check_engines_in_their_own_pods(run)
     assert run.report["engines"]["weight_sync"] == "disk"
     for engine in run.engines:
-        got = received(engine, "/update_weights_from_disk")
+        got = received_by_version(engine, "/update_weights_from_disk")
         assert list(got) == ["1", "2", "3"] and all(v["tensors"] > 0 for v in got.values())
         # staged on the engine's own pod (Ray's object store carried it from the trainer's)
         assert all("forge-replay-engine-" in c["body"]["model_path"] for c in engine["calls"]
@@ -173,14 +160,14 @@ def test_forge_mode_with_distributed_weight_sync_over_the_pod_network(forge_runs
     run = forge_runs["distributed"]
     check_engines_in_their_own_pods(run)
     assert run.report["engines"]["weight_sync"] == "distributed"
-    expected = received(forge_runs["disk"].engines[0], "/update_weights_from_disk")
+    expected = received_by_version(forge_runs["disk"].engines[0], "/update_weights_from_disk")
     for engine in run.engines:
         paths = [c["path"] for c in engine["calls"]]
         assert "/update_weights_from_disk" not in paths
         (init,) = [c["body"] for c in engine["calls"] if c["path"] == "/init_weights_update_group"]
         assert init["backend"] == "gloo" and init["world_size"] == 3
         assert run.roles.get(init["master_address"]) == "trainer", (init, run.roles)  # trainer rank 0's own pod
-        got = received(engine, "/update_weights_from_distributed")
+        got = received_by_version(engine, "/update_weights_from_distributed")
         assert list(got) == ["1", "2", "3"]
         for version, summary in got.items():  # what the disk run's engines loaded, step by step
             assert summary["tensors"] == expected[version]["tensors"]

@@ -14,6 +14,24 @@ import yaml
 STAND_IN = Path(__file__).resolve().parent.parent / "byo"
 
 
+def small_job(tmp_path: Path, name: str, backend: str, num_rollouts: int, path: str, args: list[str],
+              **dumps) -> None:
+    """job.yaml in ``tmp_path``: a debug-mode ``backend`` job of the stand-in script."""
+    job = {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": name},
+           "spec": {"replay": {"mode": "debug", "numRollouts": num_rollouts,
+                               "dumps": {"claimName": "dumps", "path": path, **dumps}},
+                    "model": {"config": {"hidden_size": 8}},
+                    "trainer": {"backend": backend, "image": f"team/{backend}:v1", "workingDir": f"/root/{backend}",
+                                "args": args}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+
+
+def run_argv(*extra: str) -> list[str]:
+    """`forge-replay run job.yaml` of the stand-in script, dumps under dumps/, results in results/."""
+    return [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", *extra, "--trainer-root", str(STAND_IN),
+            "--dumps-root", "dumps", "--results", "results"]
+
+
 def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_path) -> None:
     report = tmp_path / "stand-in.json"
     job = {
@@ -82,21 +100,11 @@ def test_a_byo_run_on_results_in_use_is_refused_naming_the_run_that_holds_them(t
     # The builtin trainer's folder rule holds for slime / miles runs: refused in seconds, nothing set aside.
     from forge_replay.runtime.results import ResultsLock
 
-    job = {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "second"},
-           "spec": {"replay": {"mode": "debug", "numRollouts": 1,
-                               "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt"}},
-                    "model": {"config": {"hidden_size": 8}},
-                    "trainer": {"backend": "slime", "image": "team/slime:v1", "workingDir": "/root/slime",
-                                "args": ["--rollout-batch-size", "4"]}}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    small_job(tmp_path, "second", "slime", 1, "run/rollout_{rollout_id}.pt", ["--rollout-batch-size", "4"])
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "report.json").write_text("the first run's report")
     with ResultsLock(tmp_path / "results", "first"):
-        done = subprocess.run(
-            [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--synth-missing", "--trainer-root",
-             str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        )
+        done = subprocess.run(run_argv("--synth-missing"), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "results folder results is in use by job 'first' (pid " in done.stderr, done.stderr
     assert (tmp_path / "results" / "report.json").read_text() == "the first run's report"
@@ -110,19 +118,10 @@ def test_a_stopped_byo_run_stops_its_ray_and_says_so(tmp_path) -> None:
 
     from tests.integration.processes import family, left_behind, stop_and_wait
 
-    job = {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "long"},
-           "spec": {"replay": {"mode": "debug", "numRollouts": 300,
-                               "dumps": {"claimName": "dumps", "path": "run/rollout.pt"}},
-                    "model": {"config": {"hidden_size": 8}},
-                    "trainer": {"backend": "slime", "image": "team/slime:v1", "workingDir": "/root/slime",
-                                "args": ["--stand-in-backend", "slime", "--stand-in-train-mib", "1",
-                                         "--rollout-batch-size", "4"]}}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    run = subprocess.Popen(
-        [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--synth-missing", "--trainer-root",
-         str(STAND_IN), "--dumps-root", "dumps", "--results", "results"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    small_job(tmp_path, "long", "slime", 300, "run/rollout.pt",
+              ["--stand-in-backend", "slime", "--stand-in-train-mib", "1", "--rollout-batch-size", "4"])
+    run = subprocess.Popen(run_argv("--synth-missing"), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
     log = tmp_path / "results" / "trainer.log"
     deadline = time.monotonic() + 240
     while not (log.exists() and "stand-in train" in log.read_text()):
@@ -140,21 +139,11 @@ def test_a_stopped_byo_run_stops_its_ray_and_says_so(tmp_path) -> None:
 
 def test_a_byo_run_verifies_the_dumps_as_the_verify_job_would_before_starting_ray(tmp_path) -> None:
     # The same YAML in a cluster gets a verify Job (--backend miles); here the run checked nothing and started Ray.
-    job = {"apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "bad-dumps"},
-           "spec": {"replay": {"mode": "debug", "numRollouts": 2,
-                               "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt",
-                                         "fallbackToFirst": False}},
-                    "model": {"config": {"hidden_size": 8}},
-                    "trainer": {"backend": "miles", "image": "team/miles:v1", "workingDir": "/root/miles",
-                                "args": ["--stand-in-backend", "miles", "--rollout-batch-size", "4"]}}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    small_job(tmp_path, "bad-dumps", "miles", 2, "run/rollout_{rollout_id}.pt",
+              ["--stand-in-backend", "miles", "--rollout-batch-size", "4"], fallbackToFirst=False)
     (tmp_path / "dumps" / "run").mkdir(parents=True)
     (tmp_path / "dumps" / "run" / "rollout_0.pt").write_bytes(b"not a dump")
-    done = subprocess.run(
-        [sys.executable, "-m", "forge_replay.cli", "run", "job.yaml", "--trainer-root", str(STAND_IN),
-         "--dumps-root", "dumps", "--results", "results"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )
+    done = subprocess.run(run_argv(), cwd=tmp_path, capture_output=True, text=True, timeout=120)
     said = done.stdout + done.stderr
     assert done.returncode == 2, said
     assert "rollout_0.pt" in said and "rollout_1.pt" in said  # unreadable, and missing with no fallback

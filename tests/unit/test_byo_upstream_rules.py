@@ -384,7 +384,8 @@ def test_run_with_a_missing_dumps_root_is_unusable_input_as_for_the_builtin_trai
     job = parse_job(byo_job("slime", "debug"))
     (tmp_path / job.spec.trainer.script).write_text("")
     problem = input_problem("job.yaml", job, str(tmp_path), str(tmp_path / "none"), False, lambda line: None)
-    assert problem == f"job.yaml: dumps root {tmp_path / 'none'} does not exist; pass --dumps-root DIR, or --synth-missing"
+    assert problem == (f"job.yaml: dumps root {tmp_path / 'none'} does not exist; pass --dumps-root DIR, "
+                       "or --synth-missing")
     assert input_problem("job.yaml", job, str(tmp_path), str(tmp_path / "none"), True, lambda line: None) is None
 
 

@@ -60,8 +60,7 @@ class UpstreamSettings:
 
         n_samples_per_prompt = integer("--n-samples-per-prompt") or 1
         rollout_batch_size = integer("--rollout-batch-size")
-        steps = integer("--num-steps-per-rollout") if "--num-steps-per-rollout" in options else None
-        global_batch_size = integer("--global-batch-size") if "--global-batch-size" in options else None
+        steps, global_batch_size = integer("--num-steps-per-rollout"), integer("--global-batch-size")
         if steps and rollout_batch_size:  # slime/utils/arguments.py (the steps-split-by-episode rule's cites)
             global_batch_size = rollout_batch_size * n_samples_per_prompt // steps
         return cls(

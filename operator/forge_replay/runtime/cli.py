@@ -415,8 +415,7 @@ def _replay(file: str, job, dumps_root: str, results_dir: str, model_root: str |
             err(f"forge-replay run {file}: {how_stopped} while starting Ray; nothing was trained" if not connected else
                 f"forge-replay run {file}: {how_stopped}; engines and trainer stopped; report.json in "
                 f"{results_dir} holds the steps finished so far")
-            _ignore_further_signals()
-            stopped_code = code  # exits after the clean-up below
+            stopped_code = code  # exits after the clean-up below, which ignores further signals
         elif isinstance(exc, (ReplayRunError, LocalRayError)):
             err(f"forge-replay run {file}: {exc}")
             sys.exit(EXIT_FAILED)
