@@ -116,7 +116,7 @@ def eval_before_train_id(start_rollout_id: int, eval_interval: int, eval_before_
     if not eval_before_train or eval_interval <= 0:
         return None
     if backend != "builtin":
-        from forge_replay.backends.rules import upstream_rule
+        from forge_replay.frameworks.rules import upstream_rule
 
         rule = upstream_rule(backend, "eval-before-train")
         if rule is not None and rule["at"] == "start-rollout-id":

@@ -14,7 +14,7 @@ Follows, without their code:
   parse: an unknown flag is an error.
 
 The parser holds a strict subset of the backend's options, read from forge-replay's flag table of that backend
-(``forge_replay/backends/<backend>_flags.json``, itself read from upstream's arguments.py): the options forge-replay
+(``forge_replay/frameworks/<backend>_flags.json``, itself read from upstream's arguments.py): the options forge-replay
 injects and those the parser requires, plus ``--stand-in-backend`` and ``--stand-in-report`` of this stand-in. It
 calls the rollout function with
 a namespace of the parsed args, as slime's RolloutManager does, and reports what it got: one JSON line per call on
@@ -28,8 +28,8 @@ import importlib
 import json
 import sys
 
-from forge_replay.backends import BACKEND_INJECTED, INJECTED_UNLESS_GIVEN, flag_table, required_flags
-from forge_replay.backends.rules import upstream_rule
+from forge_replay.frameworks.flags import BACKEND_INJECTED, INJECTED_UNLESS_GIVEN, flag_table, required_flags
+from forge_replay.frameworks.rules import upstream_rule
 
 TYPES = {"int": int, "str": str, "float": float}
 

@@ -12,7 +12,7 @@ import yaml
 
 from forge_replay.api import parse_job
 from forge_replay.api.paths import DUMPS_MOUNT
-from forge_replay.backends import injected_argv
+from forge_replay.backends.argv import injected_argv
 from forge_replay.controller.render import render
 from tests.cluster.operator_harness import apply, job_doc, wait_for
 from forge_replay.backends.publish import publish

@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from forge_replay.backends import BACKEND_INJECTED, BACKENDS, INJECTED_UNLESS_GIVEN, OWN_FLAGS, REFUSED_FLAGS, flag_table
+from forge_replay.frameworks.flags import (
+    BACKEND_INJECTED, BACKENDS, INJECTED_UNLESS_GIVEN, OWN_FLAGS, REFUSED_FLAGS, flag_table,
+)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

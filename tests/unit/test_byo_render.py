@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from forge_replay.api import parse_job
 from forge_replay.api.paths import DUMPS_MOUNT, RESULTS_MOUNT
-from forge_replay.backends import entry, injected_argv, worker_nodes
+from forge_replay.backends import entry
+from forge_replay.backends.argv import injected_argv, worker_nodes
 from forge_replay.backends.launch import FORGE_LIB_MOUNT
 from forge_replay.backends.probe import HOOK, PROBE_DIR_ENV
 from forge_replay.controller.cli import objects_yaml, render as render_command

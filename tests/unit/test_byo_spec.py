@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from forge_replay.api import SpecInvalid, parse_job
-from forge_replay.backends import (
-    BACKEND_INJECTED, INJECTED_UNLESS_GIVEN, flag_of, flag_table, injected_argv, worker_gpus, worker_nodes,
-)
+from forge_replay.frameworks.flags import BACKEND_INJECTED, INJECTED_UNLESS_GIVEN, flag_of, flag_table
+from forge_replay.backends.argv import injected_argv, worker_gpus, worker_nodes
 from tests.unit.spec_factory import DELETE, REQUIRED_ARGS, byo_job as byo, forge_job
 
 ROOT = "/mnt/dumps"

@@ -1,5 +1,5 @@
 """What slime's and miles' own code refuses, we refuse first (issue 26): the rules data read from their sources
-(backends/upstream_rules.json, the flag tables' required rows), the spec rules and argv built on them, and verify's
+(frameworks/upstream_rules.json, the flag tables' required rows), the spec rules and argv built on them, and verify's
 acceptance rules for backend slime / miles."""
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import yaml
 
 from forge_replay.api import SpecInvalid, parse_job
 from forge_replay.api.cli import validate_files
-from forge_replay.backends import BACKENDS, INJECTED_UNLESS_GIVEN, flag_table, injected_argv, required_flags
-from forge_replay.backends.acceptance import UpstreamSettings, refusals
+from forge_replay.frameworks.flags import BACKENDS, INJECTED_UNLESS_GIVEN, flag_table, required_flags
+from forge_replay.backends.argv import injected_argv
+from forge_replay.dumps.acceptance import UpstreamSettings, refusals
 from forge_replay.backends.launch import command
-from forge_replay.backends.rules import RULE_IDS, argv_problems, upstream_rule, upstream_rules
+from forge_replay.frameworks.rules import RULE_IDS, argv_problems, upstream_rule, upstream_rules
 from forge_replay.dumps.files import save
 from forge_replay.dumps.synth import synth_samples
 from forge_replay.dumps.verify import verify_dumps
@@ -91,7 +92,7 @@ def test_backend_rules_finds_moved_lines_and_says_when_code_changed() -> None:
     assert rules.find(source, cite) == 2
     assert rules.find(["# new first line", *source], cite) == 3  # moved down one line: found again
     assert rules.find([source[0], source[1], "        assert args.eval_sets", source[3]], cite) is None  # changed
-    data = json.loads((ROOT / "operator/forge_replay/backends/upstream_rules.json").read_text())
+    data = json.loads((ROOT / "operator/forge_replay/frameworks/upstream_rules.json").read_text())
     assert json.loads(rules.dumps(data)) == data  # the committed layout round-trips
 
 

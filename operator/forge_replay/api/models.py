@@ -26,10 +26,10 @@ from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template, path_problem
 from forge_replay.api.engine_args import engine_args_problems
-from forge_replay.backends import (
-    BACKEND_INJECTED, BACKENDS, REFUSED_FLAGS, arg_problems, flag_table, missing_required, required_flags,
+from forge_replay.frameworks.flags import (
+    BACKEND_INJECTED, BACKENDS, REFUSED_FLAGS, arg_problems, flag_table, missing_required, required_flags, sets_flag,
 )
-from forge_replay.backends.rules import sets_flag, upstream_rule
+from forge_replay.frameworks.rules import upstream_rule
 from forge_replay.errors import Portable
 
 GROUP = "forgereplay.io"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from forge_replay.backends import injected_argv
+from forge_replay.backends.argv import injected_argv
 
 FORGE_LIB_MOUNT = "/opt/forge-replay/lib"
 """Shared emptyDir in every Ray pod of a slime / miles job: forge_replay copied there from our runtime image."""

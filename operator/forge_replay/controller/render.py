@@ -16,7 +16,8 @@ from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ObjectMeta
 from forge_replay.api import paths
 from forge_replay.api.models import MUTABLE_AFTER_LAUNCH
 from forge_replay.api.runtime_config import RuntimeConfig
-from forge_replay.backends import entry, launch, worker_nodes
+from forge_replay.backends import entry, launch
+from forge_replay.backends.argv import worker_nodes
 from forge_replay.backends.publish import PROBE_FOLDER
 from forge_replay.controller import naming
 from forge_replay.controller.settings import OperatorSettings

@@ -167,7 +167,7 @@ def verify(
     all, as the operator's verify Job does (a dict reward without --reward-key is then refused).
     With --backend slime or miles, train dumps must also pass that framework's own acceptance rules.
     """
-    from forge_replay.backends.acceptance import UpstreamSettings
+    from forge_replay.dumps.acceptance import UpstreamSettings
     from forge_replay.dumps.convert import NO_LIMITS, Conversion
     from forge_replay.dumps.verify import VerifyWorkerDied, model_limits, usable_cpus, verify_dumps
 

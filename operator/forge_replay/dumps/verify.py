@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
-from forge_replay.backends.acceptance import UpstreamSettings, refusals
+from forge_replay.dumps.acceptance import UpstreamSettings, refusals
 from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
 from forge_replay.dumps.files import load

@@ -3,7 +3,7 @@
 Each rule is written in our words and cites the upstream lines it stands on (file, line, end and an anchor: a hash
 of those lines, so ``scripts/backend-rules`` finds them again in a fetched tree and moves the line numbers, or says
 the code changed). The spec rules (api/models.py), the injected argv (``injected_argv``), eval before training
-(``replay.eval_before_train_id``) and verify's acceptance rules (``backends/acceptance.py``) read their facts here.
+(``replay.eval_before_train_id``) and verify's acceptance rules (``dumps/acceptance.py``) read their facts here.
 Required flags are in the flag tables (``required``), written by ``scripts/backend-flags``.
 """
 
@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from forge_replay.backends import flag_of, flag_table, required_flags
+from forge_replay.frameworks.flags import flag_table, required_flags, sets_flag
 
 RULE_IDS = (
     "eval-needs-datasets", "debug-skips-eval", "eval-before-train", "global-dataset", "upstream-debug-loader",
@@ -68,22 +68,6 @@ def upstream_rules(backend: str) -> list[UpstreamRule]:
     """Every rule of ``backend``, in the file's order."""
     part = _rules().get(backend, {"rules": {}})
     return [rule for rule_id in part["rules"] if (rule := upstream_rule(backend, rule_id)) is not None]
-
-
-def sets_flag(args: list[str] | tuple[str, ...], flag: str) -> bool:
-    """Whether an item of ``args`` sets ``flag`` (``--f`` or ``--f=v``)."""
-    return any(flag_of(a) == flag for a in args)
-
-
-def flag_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
-    """The value ``args`` give ``flag`` (the last one, as argparse keeps it; ``--f v`` or ``--f=v``), or None."""
-    value = None
-    for i, a in enumerate(args):
-        if a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-        elif a == flag and i + 1 < len(args):
-            value = args[i + 1]
-    return value
 
 
 def argv_problems(backend: str, argv: list[str]) -> list[str]:

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from forge_replay.backends import flag_of, flag_table
-from forge_replay.backends.rules import flag_value, sets_flag, upstream_rule
+from forge_replay.frameworks.flags import flag_of, flag_table, flag_value, sets_flag
+from forge_replay.frameworks.rules import upstream_rule
 
 
 @dataclass(frozen=True)
