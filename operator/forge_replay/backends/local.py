@@ -229,7 +229,7 @@ def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[s
 def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], None]) -> int:
     """0, or 3 (``run``'s status for an unmet spec.expect) when the publish step's verdict failed or is missing."""
     from forge_replay.runtime.cli import EXIT_EXPECTATIONS, EXIT_OK
-    from forge_replay.verdict.checks import unmet_line
+    from forge_replay.verdict.checks import missing_verdict, unmet_line
 
     if spec.expect is None:
         return EXIT_OK
@@ -239,7 +239,7 @@ def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], N
         err(f"forge-replay run {file}: spec.expect not checked: no readable report.json in {results_dir} ({exc})")
         return EXIT_EXPECTATIONS
     expectations = document.get("expectations")
-    why = "the run recorded no verdict" if expectations is None else unmet_line(expectations)
+    why = missing_verdict(spec.expect is not None, expectations, finished=True) or unmet_line(expectations)
     if why:
         err(f"forge-replay run {file}: {why}")
         return EXIT_EXPECTATIONS

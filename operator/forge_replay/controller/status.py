@@ -25,6 +25,7 @@ from typing import Any
 from forge_replay.api import ForgeReplayJob, Problem
 from forge_replay.api.progress import ProgressReport
 from forge_replay.controller.naming import results_folder
+from forge_replay.verdict.checks import missing_verdict
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 IN_PROGRESS_PHASES = ("Pending", "Verifying", "Launching", "Running")
@@ -640,9 +641,8 @@ def _unmet(spec: Any, expectations: list[dict[str, Any]] | None, phase: str) -> 
     failed = next((e for e in expectations or [] if not e.get("passed")), None)
     if failed is not None:
         return f"{failed['name']}: {failed.get('message', '')}"
-    if expectations is None and phase == "Succeeded":
-        return "the run recorded no verdict on spec.expect (its progress ConfigMap holds no result)"
-    return None
+    return missing_verdict(spec.expect is not None, expectations, phase == "Succeeded",
+                           " on spec.expect (its progress ConfigMap holds no result)")
 
 
 def _expectations_met(expectations: list[dict[str, Any]] | None, unmet: str | None, phase: str) -> _Cond:

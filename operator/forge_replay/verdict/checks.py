@@ -208,3 +208,12 @@ def unmet_line(expectations: list[dict] | None) -> str | None:
         return None
     return (f"{len(failed)} of {len(expectations)} expectation(s) not met; first: {failed[0]['name']}: "
             f"{failed[0]['message']}")
+
+
+def missing_verdict(expect_set: bool, expectations: list[dict] | None, finished: bool, detail: str = "") -> str | None:
+    """The unmet line of a run that finished with ``spec.expect`` set but recorded no verdict on it (never a silent
+    pass): "the run recorded no verdict" and the caller's ``detail`` (what it read); None when the run recorded
+    one, none was asked for, or the run did not finish. The operator and ``forge-replay run`` both decide with it."""
+    if not expect_set or not finished or expectations is not None:
+        return None
+    return f"the run recorded no verdict{detail}"
