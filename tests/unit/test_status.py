@@ -452,7 +452,7 @@ WORKER = pod("memtest-raycluster-x7k2p-trainer-worker-q8r9s")
 
 
 def test_head_pod_loss_says_how_the_head_the_job_ran_on_went_away() -> None:
-    from forge_replay.controller.status import head_pod_loss
+    from forge_replay.controller.head_pod import head_pod_loss
 
     soon = ENDED + timedelta(seconds=2)
     assert head_pod_loss(failed_rayjob(), [WORKER], soon) == f"the Ray head pod {HEAD} was deleted mid-run"
@@ -469,7 +469,7 @@ def test_head_pod_loss_says_how_the_head_the_job_ran_on_went_away() -> None:
 
 
 def test_head_pod_loss_is_not_claimed_once_kuberay_may_have_torn_the_cluster_down() -> None:
-    from forge_replay.controller.status import head_pod_loss
+    from forge_replay.controller.head_pod import head_pod_loss
 
     # endTime + ttlSecondsAfterFinished is when KubeRay deletes the cluster itself (a margin for clock skew).
     assert head_pod_loss(failed_rayjob(ttl=300), [], ENDED + timedelta(seconds=294)) is not None

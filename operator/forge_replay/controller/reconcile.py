@@ -387,7 +387,7 @@ class Reconciler:
         self, namespace: str, rayjob: dict[str, Any] | None, previous: dict[str, Any]
     ) -> list[dict[str, Any]] | None:
         """The pods of a RayJob's Ray cluster, read once when the RayJob has just ended (whether its head pod was
-        lost mid-run: ``status.head_pod_loss``); None otherwise."""
+        lost mid-run: ``head_pod.head_pod_loss``); None otherwise."""
         status = (rayjob or {}).get("status") or {}
         cluster = status.get("rayClusterName")
         if not cluster or not status.get("endTime") or previous.get("phase") in ("Succeeded", "Failed"):

@@ -18,12 +18,13 @@ submitter it took down.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any
 
 from forge_replay.api import ForgeReplayJob, Problem
 from forge_replay.api.progress import ProgressReport
+from forge_replay.controller.head_pod import head_pod_loss
 from forge_replay.controller.naming import results_folder
 from forge_replay.verdict.checks import missing_verdict
 
@@ -130,144 +131,184 @@ def status_from(
     now = now or datetime.now(timezone.utc)
     now_text = rfc3339(now)
     previous = _previous(job)
-    spec = job.spec
-    name = job.metadata.name
     verify = verify_state(verify_job, verify_message)
     launched_before = bool(previous.get("rayJobName"))
+    if rayjob is not None:
+        run = _run_of_rayjob(job, previous, rayjob, progress, launch_note, ray_pods, now)
+    elif launched_before:
+        run = _run_without_rayjob(previous, progress)
+    else:
+        run = _run_before_launch(job, verify, verify_message)
 
-    spec_valid = _Cond("True", "Valid", "the spec passed validation")
-    if spec.replay.verify:
+    expectations = _expectations(progress, previous)
+    unmet = _unmet(job.spec, expectations, run.phase)
+    if unmet is not None:  # the run ended, but spec.expect is not met (or was never checked): the job fails
+        run = replace(run, phase="Failed", reason=EXPECTATIONS_NOT_MET, message=f"expectation not met: {unmet}")
+    if run.phase in TERMINAL_PHASES:
+        run = replace(run, completion=previous.get("completionTime") or run.completion or now_text)
+
+    conditions, message = _health(run, refusal)
+    conditions["DumpsVerified"] = _dumps_verified(job, verify, verify_message, rayjob is not None or launched_before)
+    conditions["ClusterReady"] = run.cluster
+    if job.spec.expect is not None:
+        conditions[EXPECTATIONS_MET] = _expectations_met(expectations, unmet, run.phase)
+
+    rj_status = (rayjob or {}).get("status") or {}
+    # Once the job's objects exist its spec is frozen, in the API server too (the CRD's transition rules).
+    has_children = rayjob is not None or verify_job is not None or launched_before
+    launched_generation = previous.get("launchedGeneration") or (job.metadata.generation if has_children else None)
+    return {
+        "phase": run.phase,
+        "observedGeneration": job.metadata.generation,
+        "launchedGeneration": launched_generation,
+        "conditions": _conditions(conditions, previous, job.metadata.generation, now_text),
+        "rayJobName": (rayjob or {}).get("metadata", {}).get("name") or previous.get("rayJobName"),
+        # A suspended RayJob has no Ray cluster (KubeRay names one while initializing, then deletes it).
+        "rayClusterName": None if run.phase == "Suspended" else rj_status.get("rayClusterName") or previous.get(
+            "rayClusterName"),
+        **_reported(job, previous, progress, expectations),
+        "startTime": _start_time(previous, rayjob),
+        "completionTime": run.completion if run.phase in TERMINAL_PHASES else None,
+        "message": _tail(message),
+        "results": results_location(job),
+    }
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Where a job stands: its phase, the reason and message of its conditions, ClusterReady, and when it ended."""
+
+    phase: str
+    reason: str
+    message: str
+    cluster: _Cond
+    completion: str | None = None
+
+
+def _run_of_rayjob(
+    job: ForgeReplayJob, previous: dict[str, Any], rayjob: dict[str, Any], progress: ProgressReport | None,
+    launch_note: str | None, ray_pods: list[dict[str, Any]] | None, now: datetime,
+) -> _Run:
+    """A job whose RayJob exists: what KubeRay says, with why a Ray pod is stuck while it launches, and a failure
+    because the head pod went away named as such."""
+    phase, reason, message, cluster = _from_rayjob(job, rayjob)
+    if launch_note and phase == "Launching":
+        cluster = _Cond("False", "PodsNotReady", f"{cluster.message}; {launch_note}")
+        message = f"{message}; {launch_note}"
+    if phase == "Failed":
+        reason, message, cluster = _head_pod_lost(job, previous, rayjob, ray_pods, progress, now) or (
+            reason, message, cluster)
+    completion = (rayjob.get("status") or {}).get("endTime") if phase in TERMINAL_PHASES else None
+    return _Run(phase, reason, message, cluster, completion)
+
+
+def _run_without_rayjob(previous: dict[str, Any], progress: ProgressReport | None) -> _Run:
+    """A launched job whose RayJob is gone: the runtime's own record, else the result already in the status, else
+    Failed (deleted before the job finished)."""
+    released = _Cond("False", "JobFinished", "the Ray cluster was released after the job finished")
+    if progress is not None and progress.result is not None:
+        # The RayJob is gone (KubeRay's cleanup, a short TTL, operator downtime): the runtime's own record wins.
+        result = progress.result
+        reason = "Succeeded" if result.phase == "Succeeded" else "RuntimeFailed"
+        message = f"the runtime reported {result.phase.lower()}" + (f": {result.message}" if result.message else "")
+        return _Run(result.phase, reason, message, released, result.finished_at)
+    if previous.get("phase") in TERMINAL_PHASES:
+        # The RayJob is gone after the job finished (deleted, or cleaned up): the result stays.
+        phase = previous["phase"]
+        reason, message = _condition_of(previous, "Stalled" if phase == "Failed" else "Ready")
+        return _Run(phase, reason, message, released)
+    message = (
+        f"RayJob {previous['rayJobName']} was deleted before the job finished and the runtime recorded no "
+        "result; delete and re-create the ForgeReplayJob to run it again"
+    )
+    return _Run("Failed", "RayJobDeleted", message, _Cond("False", "RayJobDeleted", message))
+
+
+def _run_before_launch(job: ForgeReplayJob, verify: VerifyState, verify_message: str | None) -> _Run:
+    """A job with no RayJob yet: its dumps being verified (or failed to), or its RayJob about to be created."""
+    name = job.metadata.name
+    waiting = _Cond("False", "WaitingForVerification", "the RayJob is created once the dumps are verified")
+    if verify.state == "failed":
+        message = f"dump verification failed (verify Job {name}-verify): {verify.message}"
+        cluster = _Cond("False", "NotRequested", "no GPUs were requested: dump verification failed")
+        return _Run("Failed", "VerifyFailed", message, cluster, verify.finished_at)
+    if job.spec.replay.verify and verify.state == "absent":
+        return _Run("Pending", "Pending", "creating the verify Job", waiting)
+    if job.spec.replay.verify and verify.state == "running":
+        return _Run("Verifying", "Verifying", _verifying_message(name, verify_message), waiting)
+    return _Run("Launching", "CreatingRayJob", f"creating RayJob {name}",
+                _Cond("False", "NotCreated", f"RayJob {name} is being created"))
+
+
+def _dumps_verified(job: ForgeReplayJob, verify: VerifyState, verify_message: str | None, launched: bool) -> _Cond:
+    """DumpsVerified: what the verify Job says (a job that launched passed it)."""
+    if job.spec.replay.verify:
         dumps = {
             "absent": _Cond("Unknown", "Pending", "the verify Job is about to be created"),
-            "running": _Cond("Unknown", "Verifying", _verifying_message(name, verify_message)),
+            "running": _Cond("Unknown", "Verifying", _verifying_message(job.metadata.name, verify_message)),
             "succeeded": _Cond("True", "Verified", "every dump the job needs exists and loads"),
             "failed": _Cond("False", "VerifyFailed", verify.message),
         }[verify.state]
     else:
         dumps = _Cond("True", "NotRequested", "spec.replay.verify is false: the dumps were not checked in advance")
-    if rayjob is not None or launched_before:
-        dumps = dumps if dumps.status != "Unknown" else _Cond("True", "Verified", "verified before launch")
+    if launched and dumps.status == "Unknown":
+        return _Cond("True", "Verified", "verified before launch")
+    return dumps
 
-    completion: str | None = None
-    if rayjob is not None:
-        phase, reason, message, cluster = _from_rayjob(job, rayjob)
-        if launch_note and phase == "Launching":
-            cluster = _Cond("False", "PodsNotReady", f"{cluster.message}; {launch_note}")
-            message = f"{message}; {launch_note}"
-        rj_status = rayjob.get("status") or {}
-        if phase == "Failed":
-            reason, message, cluster = _head_pod_lost(job, previous, rayjob, ray_pods, progress, now) or (
-                reason, message, cluster)
-        if phase in TERMINAL_PHASES:
-            completion = rj_status.get("endTime")
-    elif launched_before and progress is not None and progress.result is not None:
-        # The RayJob is gone (KubeRay's cleanup, a short TTL, operator downtime): the runtime's own record wins.
-        result = progress.result
-        phase = result.phase
-        reason = "Succeeded" if phase == "Succeeded" else "RuntimeFailed"
-        message = f"the runtime reported {phase.lower()}" + (f": {result.message}" if result.message else "")
-        cluster = _Cond("False", "JobFinished", "the Ray cluster was released after the job finished")
-        completion = result.finished_at
-    elif launched_before and previous.get("phase") in TERMINAL_PHASES:
-        # The RayJob is gone after the job finished (deleted, or cleaned up): the result stays.
-        phase = previous["phase"]
-        reason, message = _condition_of(previous, "Stalled" if phase == "Failed" else "Ready")
-        cluster = _Cond("False", "JobFinished", "the Ray cluster was released after the job finished")
-    elif launched_before:
-        phase, reason = "Failed", "RayJobDeleted"
-        message = (
-            f"RayJob {previous['rayJobName']} was deleted before the job finished and the runtime recorded no "
-            "result; delete and re-create the ForgeReplayJob to run it again"
-        )
-        cluster = _Cond("False", "RayJobDeleted", message)
-    elif verify.state == "failed":
-        phase, reason = "Failed", "VerifyFailed"
-        message = f"dump verification failed (verify Job {name}-verify): {verify.message}"
-        cluster = _Cond("False", "NotRequested", "no GPUs were requested: dump verification failed")
-        completion = verify.finished_at
-    elif spec.replay.verify and verify.state == "absent":
-        phase, reason, message = "Pending", "Pending", "creating the verify Job"
-        cluster = _Cond("False", "WaitingForVerification", "the RayJob is created once the dumps are verified")
-    elif spec.replay.verify and verify.state == "running":
-        phase, reason, message = "Verifying", "Verifying", _verifying_message(name, verify_message)
-        cluster = _Cond("False", "WaitingForVerification", "the RayJob is created once the dumps are verified")
-    else:
-        phase, reason, message = "Launching", "CreatingRayJob", f"creating RayJob {name}"
-        cluster = _Cond("False", "NotCreated", f"RayJob {name} is being created")
 
-    expectations = _expectations(progress, previous)
-    unmet = _unmet(spec, expectations, phase)
-    if unmet is not None:  # the run ended, but spec.expect is not met (or was never checked): the job fails
-        phase, reason, message = "Failed", EXPECTATIONS_NOT_MET, f"expectation not met: {unmet}"
-
-    if phase in TERMINAL_PHASES:
-        completion = previous.get("completionTime") or completion or now_text
-
-    stalled_reason = reason
+def _health(run: _Run, refusal: Refusal | None) -> tuple[dict[str, _Cond], str]:
+    """Ready, Reconciling, Stalled and SpecValid of ``run``, and the status message: a refused spec change stalls
+    the job, whatever its phase, and its message is the refusal's."""
+    message = run.message
     if refusal is not None:
         spec_valid = _Cond("False", refusal.reason, refusal.message)
         stalled = _Cond("True", refusal.reason, refusal.message)
         reconciling = _Cond("False", refusal.reason, "the change is refused; nothing is being applied")
         message = refusal.message
     else:
-        stalled = (
-            _Cond("True", stalled_reason, message) if phase == "Failed" else _Cond("False", "NotStalled", "")
-        )
+        spec_valid = _Cond("True", "Valid", "the spec passed validation")
+        stalled = _Cond("True", run.reason, message) if run.phase == "Failed" else _Cond("False", "NotStalled", "")
         reconciling = (
-            _Cond("True", reason, message) if phase in IN_PROGRESS_PHASES else _Cond("False", reason, message)
+            _Cond("True", run.reason, message) if run.phase in IN_PROGRESS_PHASES
+            else _Cond("False", run.reason, message)
         )
-    ready = _Cond("True", "Succeeded", message) if phase == "Succeeded" else _Cond("False", reason, message)
+    ready = _Cond("True", "Succeeded", message) if run.phase == "Succeeded" else _Cond("False", run.reason, message)
+    return {"Ready": ready, "Reconciling": reconciling, "Stalled": stalled, "SpecValid": spec_valid}, message
 
-    conditions = {
-        "Ready": ready,
-        "Reconciling": reconciling,
-        "Stalled": stalled,
-        "SpecValid": spec_valid,
-        "DumpsVerified": dumps,
-        "ClusterReady": cluster,
-    }
-    if spec.expect is not None:
-        conditions[EXPECTATIONS_MET] = _expectations_met(expectations, unmet, phase)
-    rj_status = (rayjob or {}).get("status") or {}
-    start = previous.get("startTime") or rj_status.get("startTime")
-    if start is None and rayjob is not None:
-        start = (rayjob.get("metadata") or {}).get("creationTimestamp")
-    rollouts = {"completed": 0, "total": spec.replay.num_rollouts}
+
+def _reported(
+    job: ForgeReplayJob, previous: dict[str, Any], progress: ProgressReport | None,
+    expectations: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """What the runtime reported, as the status carries it (the previous status's without a progress report):
+    rollouts done, peak memory, fallbacks, the verdict on spec.expect, and data slime accepts but a user should
+    see, as the runtime counted it (runtime/progress.py)."""
+    total = job.spec.replay.num_rollouts
+    rollouts = {"completed": 0, "total": total}
     if progress is not None:
-        rollouts = {"completed": progress.completed, "total": progress.total or spec.replay.num_rollouts}
+        rollouts = {"completed": progress.completed, "total": progress.total or total}
     elif previous.get("rollouts"):
         rollouts = previous["rollouts"]
     memory = previous.get("memory")
     if progress is not None and progress.memory is not None:
         memory = progress.memory.model_dump(mode="json", by_alias=True, exclude_none=True)
-    fallbacks = progress.fallbacks if progress is not None else previous.get("fallbacks")
-    # Data slime accepts but a user should see, as the runtime counted it (runtime/progress.py).
-    masked_out = progress.masked_out_samples if progress is not None else previous.get("maskedOutSamples")
-    mismatches = progress.rollout_id_mismatches if progress is not None else previous.get("rolloutIdMismatches")
-
-    # Once the job's objects exist its spec is frozen, in the API server too (the CRD's transition rules).
-    has_children = rayjob is not None or verify_job is not None or launched_before
-    launched_generation = previous.get("launchedGeneration") or (job.metadata.generation if has_children else None)
     return {
-        "phase": phase,
-        "observedGeneration": job.metadata.generation,
-        "launchedGeneration": launched_generation,
-        "conditions": _conditions(conditions, previous, job.metadata.generation, now_text),
-        "rayJobName": (rayjob or {}).get("metadata", {}).get("name") or previous.get("rayJobName"),
-        # A suspended RayJob has no Ray cluster (KubeRay names one while initializing, then deletes it).
-        "rayClusterName": None if phase == "Suspended" else rj_status.get("rayClusterName") or previous.get(
-            "rayClusterName"),
         "rollouts": rollouts,
         "memory": memory,
-        "fallbacks": fallbacks,
+        "fallbacks": progress.fallbacks if progress is not None else previous.get("fallbacks"),
         "expectations": expectations,
-        "maskedOutSamples": masked_out,
-        "rolloutIdMismatches": mismatches,
-        "startTime": start,
-        "completionTime": completion if phase in TERMINAL_PHASES else None,
-        "message": _tail(message),
-        "results": results_location(job),
+        "maskedOutSamples": progress.masked_out_samples if progress is not None else previous.get("maskedOutSamples"),
+        "rolloutIdMismatches": (
+            progress.rollout_id_mismatches if progress is not None else previous.get("rolloutIdMismatches")),
     }
+
+
+def _start_time(previous: dict[str, Any], rayjob: dict[str, Any] | None) -> str | None:
+    """When the run started: as first recorded, else KubeRay's, else when the RayJob was created."""
+    start = previous.get("startTime") or ((rayjob or {}).get("status") or {}).get("startTime")
+    if start is None and rayjob is not None:
+        start = (rayjob.get("metadata") or {}).get("creationTimestamp")
+    return start
 
 
 def results_location(job: ForgeReplayJob) -> dict[str, str] | None:
@@ -485,46 +526,6 @@ def _from_rayjob(job: ForgeReplayJob, rayjob: dict[str, Any]) -> tuple[str, str,
 
 
 HEAD_POD_LOST = "HeadPodLost"
-TEARDOWN_MARGIN = timedelta(seconds=5)
-"""How long before KubeRay's own teardown (the RayJob's endTime + ttlSecondsAfterFinished) a missing head pod stops
-counting as lost: the operator's clock and KubeRay's may differ by that much."""
-
-
-def head_pod_loss(rayjob: dict[str, Any], pods: list[dict[str, Any]], now: datetime) -> str | None:
-    """What happened to the Ray head pod a failed RayJob ran on, when it went away mid-run; None otherwise.
-
-    The head the job ran on is the one KubeRay recorded with the job's status (``status.rayClusterStatus.head``,
-    written when the Ray job started, kuberay v1.5.0 controllers/ray/rayjob_controller.go:331 and
-    raycluster_controller.go:1636). It is lost when it is missing from ``pods`` (the pods of the Ray cluster, read
-    now), being deleted, evicted, or when its Ray container restarted (Ray keeps nothing of a job across a head
-    restart). KubeRay does not re-create the head of a RayJob's cluster (raycluster_controller.go:621-631).
-    Only before KubeRay's own teardown of a finished job (``status.endTime`` + ``ttlSecondsAfterFinished``,
-    rayjob_controller.go:1305) is a missing head a loss: afterwards KubeRay deleted it itself."""
-    spec = rayjob.get("spec") or {}
-    status = rayjob.get("status") or {}
-    name = ((status.get("rayClusterStatus") or {}).get("head") or {}).get("podName")
-    if not name:
-        return None
-    if spec.get("shutdownAfterJobFinishes"):
-        ended = _parse_time(status.get("endTime"))
-        if ended is None:
-            return None
-        teardown = ended + timedelta(seconds=spec.get("ttlSecondsAfterFinished") or 0)
-        if now + TEARDOWN_MARGIN >= teardown:
-            return None
-    pod = next((p for p in pods if (p.get("metadata") or {}).get("name") == name), None)
-    if pod is None or pod["metadata"].get("deletionTimestamp"):
-        return f"the Ray head pod {name} was deleted mid-run"
-    pod_status = pod.get("status") or {}
-    if pod_status.get("reason") == "Evicted":
-        return f"the Ray head pod {name} was evicted mid-run: {pod_status.get('message') or 'no message'}"
-    ray_container = ((pod.get("spec") or {}).get("containers") or [{}])[0].get("name")
-    for container in pod_status.get("containerStatuses") or []:
-        last = (container.get("lastState") or {}).get("terminated")
-        if container.get("name") == ray_container and container.get("restartCount") and last:
-            return (f"the Ray container {ray_container} of head pod {name} restarted mid-run "
-                    f"({last.get('reason') or 'Error'}, exit code {last.get('exitCode')})")
-    return None
 
 
 def _head_pod_lost(
@@ -553,13 +554,6 @@ def _head_pod_lost(
         "the pod, its node or a memory limit did: see kubectl get events"
     )
     return HEAD_POD_LOST, message, _Cond("False", HEAD_POD_LOST, f"{loss}; the Ray cluster has no head")
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
 
 
 HINTS = {
