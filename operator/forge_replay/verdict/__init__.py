@@ -7,8 +7,8 @@
 - :mod:`.checks`: the checks of spec.expect (:func:`.checks.check_report`).
 - :mod:`.baseline`: the baseline ConfigMap (what a comparison needs, sized for client-side apply).
 - :mod:`.run`: the verdict as ``forge-replay run`` and the in-cluster runtime use it.
-- :mod:`.cli`: ``forge-replay report compare|baseline``.
 
-The runtime (driver, ``python -m forge_replay.runtime``), the slime / miles publish step and the operator call
-these; none decides a piece of the verdict itself. Importing the package needs the standard library only.
+The runtime (driver, ``python -m forge_replay.runtime``), the slime / miles publish step, the operator and
+``forge-replay report compare|baseline`` (:mod:`forge_replay.commands.report`) call these; none decides a piece of
+the verdict itself. Importing the package needs the standard library only.
 """
