@@ -19,8 +19,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "dumps": ("forge_replay.dumps.cli:dumps", "Inspect, verify, synthesize and pack rollout dumps."),
     "run": ("forge_replay.runtime.cli:run", "Run a ForgeReplayJob on this machine with a local Ray."),
     "report": ("forge_replay.commands.report:report", "Compare run reports; print one as a baseline ConfigMap."),
-    "render": ("forge_replay.controller.cli:render", "Print the Kubernetes objects the operator would create."),
-    "operator": ("forge_replay.controller.cli:operator", "Run the kopf operator that reconciles ForgeReplayJobs."),
+    "render": ("forge_replay.commands.render:render", "Print the Kubernetes objects the operator would create."),
+    "operator": ("forge_replay.commands.operator:operator", "Run the kopf operator that reconciles ForgeReplayJobs."),
 }
 
 

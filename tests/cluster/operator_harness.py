@@ -90,7 +90,7 @@ def operator_kubeconfig_for(control_plane: Any, namespace: str) -> str:
 
 
 class OperatorProcess:
-    """`python -m forge_replay.controller --namespace NS` as a subprocess that can be killed and restarted."""
+    """`python -m forge_replay.commands.operator --namespace NS` as a subprocess that can be killed and restarted."""
 
     def __init__(self, kubeconfig: str, namespaces: list[str], log_path: Path, *extra: str):
         self.kubeconfig = kubeconfig
@@ -103,7 +103,7 @@ class OperatorProcess:
 
     def start(self, wait_ready: bool = True) -> "OperatorProcess":
         self.liveness_port, self.metrics_port = free_port(), free_port()
-        argv = [sys.executable, "-m", "forge_replay.controller", "--kubeconfig", self.kubeconfig,
+        argv = [sys.executable, "-m", "forge_replay.commands.operator", "--kubeconfig", self.kubeconfig,
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
                 "--metrics-port", str(self.metrics_port), "--resync-seconds", "5", *self.extra]
         for namespace in self.namespaces:

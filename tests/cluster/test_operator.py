@@ -1,6 +1,6 @@
 """The operator against the real control plane (etcd, apiserver, controllers, KWOK, KubeRay).
 
-The operator runs as a real subprocess (`python -m forge_replay.controller --namespace NS`), so tests can
+The operator runs as a real subprocess (`python -m forge_replay.commands.operator --namespace NS`), so tests can
 kill and restart it. States that need a real Ray head (running, succeeded, failed) are reached by patching
 the RayJob's status, as KubeRay would after talking to the Ray dashboard.
 """

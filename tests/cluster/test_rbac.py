@@ -328,7 +328,7 @@ def test_operator_runs_with_a_read_only_root_filesystem(control_plane, namespace
     liveness, metrics = free_port(), free_port()
     log = tmp_path / "operator-ro.log"
     argv = [unshare, "--user", "--map-root-user", "--mount", "sh", "-c", READ_ONLY_ROOT, "sh", str(chart_sa),
-            sys.executable, "-m", "forge_replay.controller",
+            sys.executable, "-m", "forge_replay.commands.operator",
             "--liveness", f"http://127.0.0.1:{liveness}/healthz", "--metrics-port", str(metrics),
             "--resync-seconds", "5", "--namespace", namespace]
     with open(log, "wb") as out:

@@ -24,7 +24,7 @@ from forge_replay.backends import entry
 from forge_replay.backends.argv import injected_argv, worker_nodes
 from forge_replay.backends.launch import FORGE_LIB_MOUNT
 from forge_replay.backends.probe import HOOK, PROBE_DIR_ENV
-from forge_replay.controller.cli import objects_yaml, render as render_command
+from forge_replay.commands.render import objects_yaml, render as render_command
 from forge_replay.controller.render import render
 from forge_replay.controller.settings import OperatorSettings
 

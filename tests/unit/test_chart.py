@@ -167,7 +167,7 @@ def test_deployment_defaults_are_hardened_single_replica() -> None:
 
 def test_deployment_args_parse_with_the_operator_cli() -> None:
     """The chart's flags are exactly what `forge-replay operator` accepts, with the values meant."""
-    from forge_replay.controller.cli import operator
+    from forge_replay.commands.operator import operator
 
     values = {"watchNamespaces": ["team-a", "team-b"], "runtimeUid": 4242,
               "runtimeImage": {"repository": "registry.example.com/rt", "digest": "sha256:" + "0f" * 32},
@@ -191,7 +191,7 @@ def test_runtime_pod_resources_reach_the_rendered_pods() -> None:
     import click
 
     from forge_replay.api import ForgeReplayJob
-    from forge_replay.controller.cli import operator
+    from forge_replay.commands.operator import operator
     from forge_replay.controller.render import render
     from forge_replay.controller.settings import OperatorSettings
 

@@ -12,7 +12,7 @@ import getpass
 
 import yaml
 
-from forge_replay.controller import cli
+from forge_replay.controller import start
 from forge_replay.controller.settings import OperatorSettings
 
 
@@ -41,5 +41,5 @@ def test_the_operator_never_asks_for_its_login_name(tmp_path, monkeypatch):
             manual=False)
 
     monkeypatch.setattr(kopf, "run", kopf_run)
-    cli.run_operator(OperatorSettings(metrics_port=None, liveness_endpoint=None), kubeconfig=str(kubeconfig))
+    start.run_operator(OperatorSettings(metrics_port=None, liveness_endpoint=None), kubeconfig=str(kubeconfig))
     assert seen["identity"].startswith("forge-replay-operator-7d9f-abcde_")

@@ -18,7 +18,7 @@ from forge_replay.api import parse_job
 from forge_replay.api.paths import CONFIG_DIR, DUMPS_MOUNT, MODEL_MOUNT, RESULTS_MOUNT
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.controller import naming
-from forge_replay.controller.cli import objects_yaml
+from forge_replay.commands.render import objects_yaml
 from forge_replay.controller.render import render, spec_hash, verify_command
 from forge_replay.controller.settings import OperatorSettings
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from forge_replay.controller.cli import render
+from forge_replay.commands.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
