@@ -7,8 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
-from forge_replay.api import Problem, parse_job
-from forge_replay.api.models import ForgeReplayJobStatus
+from forge_replay.api import ForgeReplayJobStatus, Problem, parse_job
 from forge_replay.api.progress import ProgressReport
 from forge_replay.controller.status import (
     Refusal,

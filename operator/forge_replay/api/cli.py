@@ -14,7 +14,7 @@ from forge_replay.api.parse import (
     other_kind,
     parse_job,
 )
-from forge_replay.api.models import SpecInvalid
+from forge_replay.api.names import SpecInvalid
 
 EXIT_OK, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
 
