@@ -6,7 +6,7 @@ import json
 import logging
 
 from forge_replay.api import MemoryPeak
-from forge_replay.api.progress import ProgressReport
+from forge_replay.api.progress_report import ProgressReport
 from forge_replay.runtime.progress import ProgressPublisher
 
 

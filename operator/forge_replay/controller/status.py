@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from forge_replay.api import ForgeReplayJob, Problem
-from forge_replay.api.progress import ProgressReport
+from forge_replay.api.progress_report import ProgressReport
 from forge_replay.controller.naming import results_folder
 
 TERMINAL_PHASES = ("Succeeded", "Failed")

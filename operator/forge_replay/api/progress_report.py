@@ -1,4 +1,4 @@
-"""Progress the runtime publishes and the operator copies into the ForgeReplayJob's status."""
+"""The progress report (progress.json) the runtime publishes; the operator copies it into the job's status."""
 
 from __future__ import annotations
 
