@@ -10,7 +10,7 @@ from pydantic.alias_generators import to_camel
 
 from forge_replay.api.dump_path import is_template
 from forge_replay.api.names import ENV_NAME, Problem, short_repr
-from forge_replay.api.rules import CEL_IS_TEMPLATE, CrossFieldRule, SpecParts, recorder
+from forge_replay.api.rules import CEL_IS_TEMPLATE, CrossFieldRule, SpecParts, outside_its_root, recorder
 from forge_replay.api.spec_parts import TrainerSpec
 from forge_replay.frameworks.flags import (
     BACKEND_INJECTED, BACKENDS, REFUSED_FLAGS, arg_problems, flag_table, missing_required, required_flags, sets_flag,
@@ -203,7 +203,7 @@ def _byo_env_names(spec: SpecParts) -> list[Problem]:
 )
 def _byo_script_relative(spec: SpecParts) -> list[Problem]:
     t = spec.trainer
-    if t.script.startswith("/") or ".." in t.script.split("/"):
+    if outside_its_root(t.script):
         return [Problem("spec.trainer.script", f"must be relative to workingDir, without '..' ({t.script!r})")]
     return []
 

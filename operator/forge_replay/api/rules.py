@@ -83,6 +83,16 @@ _CEL_TEMPLATE_OK = r"^([^{}]|\\{\\{|\\}\\}|\\{rollout_id\\})*$"
 CEL_IS_TEMPLATE = r"(^|[^{])(\\{\\{)*\\{rollout_id\\}"
 
 
+def outside_its_root(path: str) -> bool:
+    """Whether ``path`` is absolute or has a '..' component (not a path inside the folder it is relative to)."""
+    return path.startswith("/") or ".." in path.split("/")
+
+
+def _repeated(items: list[str]) -> list[str]:
+    """The items listed more than once, sorted."""
+    return sorted({item for item in items if items.count(item) > 1})
+
+
 @_rule(
     "",
     "!has(self.suspend) || !self.suspend || !has(self.scheduling) || !has(self.scheduling.queueName)"
@@ -228,7 +238,7 @@ def _components_nonempty(spec: SpecParts) -> list[Problem]:
 )
 def _components_unique(spec: SpecParts) -> list[Problem]:
     comps = spec.fault_tolerance.components or []
-    repeated = sorted({c for c in comps if comps.count(c) > 1})
+    repeated = _repeated(comps)
     if repeated:
         return [Problem("spec.faultTolerance.components", f"repeats {', '.join(repeated)}; list each component once")]
     return []
@@ -382,7 +392,7 @@ def _baseline_claim_with_path(spec: SpecParts) -> list[Problem]:
 )
 def _baseline_path_relative(spec: SpecParts) -> list[Problem]:
     b = spec.expect.baseline if spec.expect else None
-    if b is not None and b.path is not None and (b.path.startswith("/") or ".." in b.path.split("/")):
+    if b is not None and b.path is not None and outside_its_root(b.path):
         return [Problem("spec.expect.baseline.path", f"must be relative to the claim's root, without '..' ({b.path!r})")]
     return []
 
@@ -395,7 +405,7 @@ def _baseline_path_relative(spec: SpecParts) -> list[Problem]:
 )
 def _baseline_metrics_unique(spec: SpecParts) -> list[Problem]:
     metrics = spec.expect.baseline.metrics if spec.expect and spec.expect.baseline else []
-    repeated = sorted({m for m in metrics if metrics.count(m) > 1})
+    repeated = _repeated(metrics)
     if repeated:
         return [Problem("spec.expect.baseline.metrics", f"repeats {', '.join(repeated)}; list each metric once")]
     return []
@@ -436,6 +446,6 @@ def _model_path_needs_claim(spec: SpecParts) -> list[Problem]:
 )
 def _model_path_relative(spec: SpecParts) -> list[Problem]:
     m = spec.model
-    if m.path is not None and (m.path.startswith("/") or ".." in m.path.split("/")):
+    if m.path is not None and outside_its_root(m.path):
         return [Problem("spec.model.path", f"must be relative to the claim's root, without '..' ({m.path!r})")]
     return []
