@@ -14,8 +14,8 @@ from forge_replay import __version__
 
 # name -> ("module:attribute" of a click command, one-line help); imported only when that command runs.
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "validate": ("forge_replay.api.cli:validate", "Check ForgeReplayJob YAML files against the API rules."),
-    "crd": ("forge_replay.api.cli:crd", "Print the ForgeReplayJob CRD generated from the API models."),
+    "validate": ("forge_replay.commands.validate:validate", "Check ForgeReplayJob YAML files against the API rules."),
+    "crd": ("forge_replay.commands.validate:crd", "Print the ForgeReplayJob CRD generated from the API models."),
     "dumps": ("forge_replay.dumps.cli:dumps", "Inspect, verify, synthesize and pack rollout dumps."),
     "run": ("forge_replay.runtime.cli:run", "Run a ForgeReplayJob on this machine with a local Ray."),
     "report": ("forge_replay.commands.report:report", "Compare run reports; print one as a baseline ConfigMap."),

@@ -13,7 +13,7 @@ import json
 import pytest
 import yaml
 
-from forge_replay.api.cli import validate_files
+from forge_replay.commands.validate import validate_files
 from tests.cluster.test_control_plane import GROUP, PLURAL, VERSION, _set, minimal_job, project_crd  # noqa: F401
 
 pytestmark = pytest.mark.cluster

@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from forge_replay.api.cli import validate_files
+from forge_replay.commands.validate import validate_files
 from forge_replay.api.parse import (
     MAX_DOCUMENT_BYTES,
     MAX_NESTING,

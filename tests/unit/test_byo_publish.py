@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from forge_replay.api import parse_job
-from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
+from forge_replay.api.progress_report import PROGRESS_KEY, ProgressReport
 from forge_replay.backends import launch, publish
 from forge_replay.backends.local import package_root
 

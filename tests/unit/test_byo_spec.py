@@ -269,7 +269,7 @@ def test_validate_says_the_upstream_loader_unpickles(tmp_path) -> None:
 
     import yaml
 
-    from forge_replay.api.cli import validate_files
+    from forge_replay.commands.validate import validate_files
 
     outputs = {}
     for loader in ("upstream", "forgeReplay"):

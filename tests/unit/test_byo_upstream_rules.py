@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from forge_replay.api import SpecInvalid, parse_job
-from forge_replay.api.cli import validate_files
+from forge_replay.commands.validate import validate_files
 from forge_replay.frameworks.flags import BACKENDS, INJECTED_UNLESS_GIVEN, flag_table, required_flags
 from forge_replay.backends.argv import injected_argv
 from forge_replay.dumps.acceptance import UpstreamSettings, refusals

@@ -183,7 +183,7 @@ def test_dockerignore_keeps_everything_else_out() -> None:
                  "results/report.json", "operator/forge_replay/__pycache__/cli.cpython-311.pyc",
                  "operator/forge_replay.egg-info/PKG-INFO", ".venv/bin/python"):
         assert not dockerignore_allows(path), f"{path} would be sent to the image builder"
-    for path in ("pyproject.toml", "operator/forge_replay/cli.py", "operator/forge_replay/api/models.py"):
+    for path in ("pyproject.toml", "operator/forge_replay/cli.py", "operator/forge_replay/api/job.py"):
         assert dockerignore_allows(path), f"{path} is needed by the image build"
 
 

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from forge_replay.api.models import Problem, SpecInvalid
+from forge_replay.api import Problem, SpecInvalid
 from forge_replay.api.parse import DocumentInvalid
 from forge_replay.dumps.bounds import BoundsError
 from forge_replay.dumps.safe_pickle import DumpError, RefusedGlobal

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from forge_replay.api.models import ExpectSpec
+from forge_replay.api.spec_parts import ExpectSpec
 from forge_replay.verdict.checks import check_report, first_failure, over_memory_budget, peak_memory_gib
 from forge_replay.verdict.compare import rollout_differences
 from forge_replay.verdict.identity import environment_differences

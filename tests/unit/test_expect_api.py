@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from forge_replay.api import SpecInvalid, parse_job
-from forge_replay.api.models import ROLLOUT_METRICS
+from forge_replay.api.spec_parts import ROLLOUT_METRICS
 from tests.unit.spec_factory import debug_job
 
 ISSUE_EXAMPLE = {
@@ -65,7 +65,7 @@ def test_baseline_metrics_are_numeric_rollout_fields_of_the_report():
     assert set(ROLLOUT_METRICS) <= numeric
     # the rest are the record's keys and timings, which differ run to run
     assert numeric - set(ROLLOUT_METRICS) == {"step", "rollout_id", "step_seconds", "data_wait_seconds"}, (
-        "a numeric per-rollout field of RolloutRecord is new: add it to api.models.ROLLOUT_METRICS (then "
+        "a numeric per-rollout field of RolloutRecord is new: add it to api.spec_parts.ROLLOUT_METRICS (then "
         "scripts/generate) so spec.expect.baseline can compare it, or to this set if it varies run to run")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from forge_replay.api import parse_job
 from forge_replay.api.paths import BASELINE_MOUNT
-from forge_replay.api.progress import ProgressReport
+from forge_replay.api.progress_report import ProgressReport
 from forge_replay.controller.render import render
 from forge_replay.controller.status import status_for_baseline, status_from
 from tests.unit.spec_factory import debug_job

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from forge_replay.api.crd import crd, frozen_after_launch_rules
-from forge_replay.api.models import MUTABLE_AFTER_LAUNCH, ForgeReplayJobSpec
+from forge_replay.api.job import MUTABLE_AFTER_LAUNCH, ForgeReplayJobSpec
 from forge_replay.controller.render import frozen_spec
 from tests.unit.test_status import job
 

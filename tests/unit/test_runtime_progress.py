@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
-from forge_replay.api.models import MemoryPeak
-from forge_replay.api.progress import ProgressReport
+from forge_replay.api import MemoryPeak
+from forge_replay.api.progress_report import ProgressReport
 from forge_replay.runtime.progress import ProgressPublisher
 
 

@@ -7,9 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
-from forge_replay.api import Problem, parse_job
-from forge_replay.api.models import ForgeReplayJobStatus
-from forge_replay.api.progress import ProgressReport
+from forge_replay.api import ForgeReplayJobStatus, Problem, parse_job
+from forge_replay.api.progress_report import ProgressReport
 from forge_replay.controller.status import (
     Refusal,
     same_status,
@@ -357,7 +356,7 @@ def _launched_running() -> dict:
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
 def test_rayjob_gone_before_the_end_was_seen_uses_the_runtimes_result(phase):
-    from forge_replay.api.progress import RunResult
+    from forge_replay.api.progress_report import RunResult
 
     progress = ProgressReport(completed=8, total=8, result=RunResult(phase=phase, message="m", finished_at="2026-11-29T12:03:00Z"))
     status = status_from(job(_launched_running()), None, None, progress, now=LATER)

@@ -274,7 +274,7 @@ def long_report(rollouts=1000):
 
 
 def test_a_1000_rollout_baseline_fits_client_side_apply(tmp_path):
-    from forge_replay.api.models import ROLLOUT_METRICS
+    from forge_replay.api.spec_parts import ROLLOUT_METRICS
 
     doc = long_report()
     assert len(json.dumps(doc)) > 2 * ANNOTATIONS_LIMIT  # the whole report would not fit

@@ -207,7 +207,7 @@ def test_the_verify_job_gets_its_cpus_and_memory_from_the_spec_and_runs_that_man
     assert container["resources"] == {"requests": {"cpu": "6", "memory": "24Gi"}, "limits": {"memory": "24Gi"}}
     jobs = container["command"].index("--jobs")
     assert container["command"][jobs + 1] == "6"
-    from forge_replay.api.models import SpecInvalid
+    from forge_replay.api import SpecInvalid
 
     for bad, field in (({"cpus": 0}, "cpus"), ({"memoryGiB": 2048}, "memoryGiB"), ({"cpus": "2"}, "cpus")):
         with pytest.raises(SpecInvalid) as info:

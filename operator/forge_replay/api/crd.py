@@ -13,21 +13,19 @@ from typing import Any
 
 import yaml
 
-from forge_replay.api.models import (
+from forge_replay.api.job import CROSS_FIELD_RULES, MUTABLE_AFTER_LAUNCH, ForgeReplayJobSpec
+from forge_replay.api.names import (
     CATEGORIES,
-    CROSS_FIELD_RULES,
     DNS1035_LABEL,
     GROUP,
     KIND,
     MAX_NAME_LENGTH,
-    MUTABLE_AFTER_LAUNCH,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
-    ForgeReplayJobSpec,
-    ForgeReplayJobStatus,
 )
+from forge_replay.api.status import ForgeReplayJobStatus
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"crds/{CRD_NAME}.yaml"

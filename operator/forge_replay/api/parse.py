@@ -10,15 +10,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from forge_replay.api.models import (
-    API_VERSION,
-    CROSS_FIELD_RULES,
-    KIND,
-    ForgeReplayJob,
-    ForgeReplayJobSpec,
-    Problem,
-    SpecInvalid,
-)
+from forge_replay.api.job import CROSS_FIELD_RULES, ForgeReplayJob, ForgeReplayJobSpec
+from forge_replay.api.names import API_VERSION, KIND, Problem, SpecInvalid
 from forge_replay.errors import Portable
 
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from forge_replay.api.crd import crd
-from forge_replay.api.models import CROSS_FIELD_RULES
+from forge_replay.api.job import CROSS_FIELD_RULES
 
 REFERENCE_FILE = "docs/api-reference.md"
 

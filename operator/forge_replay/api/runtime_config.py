@@ -8,11 +8,13 @@ import yaml
 from pydantic import Field, ValidationError
 
 from forge_replay.api import paths
-from forge_replay.api.models import ForgeReplayJob, Problem, SpecInvalid, _Model
+from forge_replay.api.base import ApiModel
+from forge_replay.api.job import ForgeReplayJob
+from forge_replay.api.names import Problem, SpecInvalid
 from forge_replay.api.parse import problems_from
 
 
-class RuntimeConfig(_Model):
+class RuntimeConfig(ApiModel):
     """What `python -m forge_replay.runtime --config FILE` reads (the operator mounts it from a ConfigMap)."""
 
     job: ForgeReplayJob = Field(description="The validated ForgeReplayJob (metadata and spec).")

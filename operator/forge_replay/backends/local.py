@@ -162,7 +162,7 @@ def input_problem(file: str, job: Any, trainer_root: str | None, dumps_root: str
     if not trainer_root:
         return (f"{file}: backend {spec.trainer.backend} runs the team's {spec.trainer.script}: pass --trainer-root "
                 f"DIR, the local folder standing in for spec.trainer.workingDir ({spec.trainer.working_dir})")
-    from forge_replay.api.cli import job_notes
+    from forge_replay.api.job_notes import job_notes
 
     for note in job_notes(spec):  # as validate says them: the upstream loader unpickles; no GPUs, a stand-in only
         err(f"{file}: note: {note}")

@@ -42,7 +42,7 @@ def render(file: str, runtime_image: str, namespace: str | None) -> None:
     For GitOps review and diffs. Owner references appear only for objects read back from a cluster
     (they need the job's uid). Invalid specs print `FILE: field.path: message` and exit 1.
     """
-    from forge_replay.api.models import SpecInvalid
+    from forge_replay.api import SpecInvalid
     from forge_replay.api.parse import DocumentError, NotAForgeReplayJob, load_documents, parse_job
     from forge_replay.controller.render import render as render_objects
 

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from forge_replay.api.models import ROLLOUT_METRICS, BaselineSpec
+from forge_replay.api.spec_parts import ROLLOUT_METRICS, BaselineSpec
 from forge_replay.verdict.baseline import (
     ANNOTATIONS_LIMIT, CONFIGMAP_LIMIT, applied_size, baseline_configmap, baseline_content, name_problems,
     not_a_baseline, to_yaml,

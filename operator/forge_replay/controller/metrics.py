@@ -6,7 +6,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from forge_replay.api.models import PHASES
+from forge_replay.api.status import PHASES
 
 RECONCILES = Counter(
     "forge_replay_operator_reconciles_total", "Reconciles of ForgeReplayJobs, by what triggered them.", ["trigger"]

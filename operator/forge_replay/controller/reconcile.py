@@ -19,10 +19,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, SpecInvalid, parse_job
-from forge_replay.api.models import ForgeReplayJobStatus
+from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ForgeReplayJobStatus, SpecInvalid, parse_job
 from forge_replay.api.paths import CONFIG_FILE
-from forge_replay.api.progress import PROGRESS_KEY, ProgressReport
+from forge_replay.api.progress_report import PROGRESS_KEY, ProgressReport
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.controller import metrics, naming
 from forge_replay.controller.claims import claim_problems, named_claims

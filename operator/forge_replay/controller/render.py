@@ -14,7 +14,7 @@ from typing import Any
 
 from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ObjectMeta
 from forge_replay.api import paths
-from forge_replay.api.models import MUTABLE_AFTER_LAUNCH
+from forge_replay.api.job import MUTABLE_AFTER_LAUNCH
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.backends import entry, launch
 from forge_replay.backends.argv import worker_nodes

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from forge_replay.api import ForgeReplayJob, Problem
-from forge_replay.api.progress import ProgressReport
+from forge_replay.api.progress_report import ProgressReport
 from forge_replay.controller.head_pod import head_pod_loss
 from forge_replay.controller.naming import results_folder
 from forge_replay.verdict.checks import missing_verdict

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from forge_replay.api.models import SpecInvalid
+    from forge_replay.api import SpecInvalid
     from forge_replay.api.runtime_config import RuntimeConfig
 
     try:

@@ -136,7 +136,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from forge_replay.api.progress import ProgressReport
+    from forge_replay.api.progress_report import ProgressReport
     from forge_replay.dumps.verify import eval_rollout_ids
     from forge_replay.replay import eval_before_train_id, eval_note
     from forge_replay.runtime.placement import place_trainer

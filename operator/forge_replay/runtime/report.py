@@ -193,7 +193,7 @@ def memory_peak(records: list[RolloutRecord]) -> dict | None:
 
 def progress_memory(peak: dict | None):
     """The ``memory_peak`` summary as progress.json and the status carry it (``MemoryPeak``), or None."""
-    from forge_replay.api.models import MemoryPeak
+    from forge_replay.api import MemoryPeak
 
     if not peak:
         return None

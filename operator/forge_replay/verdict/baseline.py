@@ -78,7 +78,7 @@ def configmap_problem(configmap: dict | None, namespace: str, name: str, spec=No
 
 def name_problems(name: str, namespace: str | None) -> list[str]:
     """What the API server would refuse in the ConfigMap's name (DNS-1123 subdomain) or namespace (label)."""
-    from forge_replay.api.models import DNS1123_SUBDOMAIN
+    from forge_replay.api.names import DNS1123_SUBDOMAIN
 
     problems = []
     if not (len(name) <= 253 and re.fullmatch(DNS1123_SUBDOMAIN, name)):

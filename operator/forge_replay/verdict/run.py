@@ -42,7 +42,7 @@ def unusable_baseline(spec, baseline_path: str | None) -> list[dict] | None:
     problem = baseline_problem(baseline_path, spec)
     if problem is None:
         return None
-    from forge_replay.api.models import ExpectSpec
+    from forge_replay.api.spec_parts import ExpectSpec
 
     return [c.to_dict() for c in check_report({}, ExpectSpec(baseline=spec.expect.baseline), None, problem,
                                               records_losses=False)]

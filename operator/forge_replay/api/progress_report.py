@@ -1,4 +1,4 @@
-"""Progress the runtime publishes and the operator copies into the ForgeReplayJob's status."""
+"""The progress report (progress.json) the runtime publishes; the operator copies it into the job's status."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from forge_replay.api.models import ExpectationResult, MemoryPeak, _Model
+from forge_replay.api.base import ApiModel
+from forge_replay.api.status import ExpectationResult, MemoryPeak
 
 PROGRESS_KEY = "progress.json"
 
@@ -16,7 +17,7 @@ def progress_configmap_name(job_name: str) -> str:
     return f"{job_name}-progress"
 
 
-class RunResult(_Model):
+class RunResult(ApiModel):
     """How the run ended, as the runtime itself saw it (kept after the RayJob is gone)."""
 
     phase: Literal["Succeeded", "Failed"] = Field(description="Succeeded or Failed.")
@@ -27,7 +28,7 @@ class RunResult(_Model):
     )
 
 
-class ProgressReport(_Model):
+class ProgressReport(ApiModel):
     """Rollouts done, the memory peak so far, fallbacks used and data slime accepts but a user should see:
     all-zero loss masks and rollout_id mismatches (JSON under PROGRESS_KEY)."""
 

@@ -1,4 +1,5 @@
-"""`forge-replay validate` and `forge-replay crd`."""
+"""`forge-replay validate` and `forge-replay crd`: check ForgeReplayJob YAML files against the API rules; print the
+CRD generated from the API models."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import sys
 
 import click
 
+from forge_replay.api import SpecInvalid
+from forge_replay.api.job_notes import job_notes
 from forge_replay.api.parse import (
     DocumentError,
     DocumentInvalid,
@@ -14,7 +17,6 @@ from forge_replay.api.parse import (
     other_kind,
     parse_job,
 )
-from forge_replay.api.models import SpecInvalid
 
 EXIT_OK, EXIT_INVALID, EXIT_UNUSABLE = 0, 1, 2
 
@@ -66,27 +68,6 @@ def validate_files(files: list[str], out=None) -> int:
                 for note in job_notes(job.spec):
                     print(f"{where}: note: {note}", file=out)
     return worst
-
-
-def job_notes(spec) -> list[str]:
-    """What a valid spec does that its author should know: the upstream loader unpickles; gpusPerNode 0 runs only a
-    stand-in script under slime / miles."""
-    notes = [UPSTREAM_LOADER_NOTE] if spec.replay.loader == "upstream" else []
-    trainer = spec.trainer
-    if trainer.backend != "builtin" and trainer.gpus_per_node == 0:
-        notes.append(CPU_STAND_IN_NOTE.format(backend=trainer.backend))
-    return notes
-
-
-UPSTREAM_LOADER_NOTE = (
-    "spec.replay.loader upstream: slime's own loaders unpickle the dumps with torch.load(weights_only=False), "
-    "which runs any code a dump carries; use it only on dumps you wrote (forgeReplay loads them safely)"
-)
-
-CPU_STAND_IN_NOTE = (
-    "spec.trainer.gpusPerNode 0 injects --actor-num-gpus-per-node 0: a trainer world size of 0, which a real {backend} "
-    "script cannot train with (Megatron needs GPUs); only a CPU stand-in script (tests/byo/train.py) runs this way"
-)
 
 
 @click.command()
