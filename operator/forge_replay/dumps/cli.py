@@ -169,7 +169,8 @@ def verify(
     """
     from forge_replay.dumps.acceptance import UpstreamSettings
     from forge_replay.dumps.convert import NO_LIMITS, Conversion
-    from forge_replay.dumps.verify import VerifyWorkerDied, model_limits, usable_cpus, verify_dumps
+    from forge_replay.dumps.model_limits import model_limits
+    from forge_replay.dumps.verify import VerifyWorkerDied, usable_cpus, verify_dumps
 
     upstream = None
     if trainer_args is not None and backend == "builtin":

@@ -5,7 +5,7 @@ With the job's settings (a :class:`~forge_replay.dumps.convert.Conversion`: the 
 without ``replay.rewardKey`` or without that key, token ids outside the model's vocabulary, samples longer than its
 positions, response lengths or loss masks that do not fit the tokens, groups that do not split, make the file
 unreadable, naming the rollout, file, sample and field. The model's limits come from its config, read without
-weights (:func:`model_limits`); a config that cannot be read is noted and those two checks skipped. Without the
+weights (:func:`~forge_replay.dumps.model_limits.model_limits`); a config that cannot be read is noted and those two checks skipped. Without the
 job's settings the per-sample checks run alone (:func:`~forge_replay.dumps.convert.check_samples`). Samples with an
 all-zero loss mask and a top-level ``rollout_id`` that is not the file's rollout are counted and noted. Eval trains
 nothing: an eval dump's rewards are read as the run reports them (:func:`eval_reward_problem`).
@@ -23,9 +23,8 @@ from typing import Literal
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
 from forge_replay.dumps.acceptance import UpstreamSettings, refusals
 from forge_replay.dumps.bounds import Limits
-from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
+from forge_replay.dumps.convert import Conversion, check_samples, rollout_id_note
 from forge_replay.dumps.files import load
-from forge_replay.dumps.model_limits import limits_from_dict, positive_limit
 from forge_replay.dumps.safe_pickle import DumpError
 from forge_replay.dumps.sample import Sample, SampleError
 from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
@@ -183,62 +182,6 @@ def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: b
         return str(exc).strip("'\"")
     bad = next((i for i, r in enumerate(rewards) if not math.isfinite(r)), None)
     return "" if bad is None else f"eval sample {bad}: reward {rewards[bad]} is not a finite number"
-
-
-def model_limits(source: str | dict, *, builds_from_config: bool = False) -> tuple[ModelLimits, str]:
-    """The model's ``vocab_size`` and ``max_position_embeddings`` from its config, read without weights as the trainer
-    reads it (a ``spec.model.config`` dict, or the checkpoint directory's config.json), and ""; when the config
-    cannot be read, no limits and a note saying so (those checks are skipped: a trainer of another image may read
-    what this one cannot).
-
-    The common model types are read without importing transformers (:mod:`forge_replay.dumps.model_limits`);
-    others, and a checkpoint given as a name in the local cache, through transformers' AutoConfig.
-
-    ``builds_from_config``: the builtin trainer builds its model from a config dict, so one that transformers refuses
-    is the spec's own error and raises ModelError (a ValueError), before Ray starts rather than in the trainer."""
-    import json
-
-    where = "spec.model.config" if isinstance(source, dict) else source
-    try:
-        if isinstance(source, dict):
-            if builds_from_config:
-                from forge_replay.runtime.trainer.model import config_from_dict
-
-                config_from_dict(source)  # raises ModelError for a config the trainer cannot build
-            data = source
-        elif os.path.isdir(source):
-            with open(os.path.join(source, "config.json"), encoding="utf-8") as handle:
-                data = json.load(handle)
-            if not isinstance(data, dict):
-                raise ValueError(f"config.json holds a {type(data).__name__}, not an object")
-        else:
-            data = None  # a name in the local cache: transformers knows where
-        limits = limits_from_dict(data) if data is not None else None
-        if limits is None:
-            limits = _limits_through_transformers(source)
-    except Exception as exc:  # noqa: BLE001 - any reason a config cannot be read is reported, not fatal
-        from forge_replay.runtime.trainer.model import ModelError
-
-        if builds_from_config and isinstance(exc, ModelError):
-            raise
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        return NO_LIMITS, (f"cannot read the model config of {where} ({reason}); token ids and sequence "
-                           "lengths were not checked against the model's vocabulary and positions")
-    return limits, ""
-
-
-def _limits_through_transformers(source: str | dict) -> ModelLimits:
-    """What transformers' config class says (model types :mod:`~forge_replay.dumps.model_limits` does not know)."""
-    if isinstance(source, dict):
-        from forge_replay.runtime.trainer.model import config_from_dict
-
-        config = config_from_dict(source)
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(source, local_files_only=True)
-    return ModelLimits(positive_limit(getattr(config, "vocab_size", None)),
-                       positive_limit(getattr(config, "max_position_embeddings", None)))
 
 
 @dataclass(frozen=True)

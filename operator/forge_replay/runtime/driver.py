@@ -93,9 +93,10 @@ def preflight(config, progress: bool = False) -> Prepared:
     :class:`ReplayRunError`; the CLI and the in-cluster runtime run this before Ray, so bad input fails fast.
     ``progress`` shows verify's progress bar.
     """
-    from forge_replay.dumps.verify import model_limits
+    from forge_replay.dumps.model_config import ModelError
+    from forge_replay.dumps.model_limits import model_limits
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
-    from forge_replay.runtime.trainer.model import ModelError, model_source
+    from forge_replay.runtime.trainer.model import model_source
 
     spec = config.job.spec
     ft = spec.fault_tolerance
