@@ -25,7 +25,7 @@ from forge_replay.frameworks.rules import RULE_IDS, argv_problems, upstream_rule
 from forge_replay.dumps.files import save
 from forge_replay.dumps.synth import synth_samples
 from forge_replay.dumps.verify import verify_dumps
-from forge_replay.replay import eval_before_train_id
+from forge_replay.dumps.evals import eval_before_train_id
 from tests.unit.spec_factory import REQUIRED_ARGS, byo_job
 
 ROOT = Path(__file__).resolve().parents[2]

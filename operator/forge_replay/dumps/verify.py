@@ -24,30 +24,13 @@ from forge_replay.api.dump_path import eval_path, is_template, path_problem, tra
 from forge_replay.dumps.acceptance import UpstreamSettings, refusals
 from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.convert import Conversion, check_samples, rollout_id_note
+from forge_replay.dumps.evals import eval_rewards, replayed_eval_ids
 from forge_replay.dumps.files import load
 from forge_replay.dumps.safe_pickle import DumpError
 from forge_replay.dumps.sample import Sample, SampleError
 from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
 
 Status = Literal["ok", "missing", "fallback", "unreadable"]
-
-
-def replayed_eval_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int, eval_before_train: bool,
-                      backend: str = "builtin") -> list[int]:
-    """Every eval a run replays, in order: the one before the first step (when asked for, where ``backend``'s
-    train.py evaluates it) and those after rollouts."""
-    from forge_replay.replay import eval_before_train_id
-
-    first = eval_before_train_id(start_rollout_id, eval_interval, eval_before_train, backend)
-    after = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
-    return sorted(set(after) | ({first} if first is not None else set()))
-
-
-def eval_rollout_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int) -> list[int]:
-    """Rollout ids after which eval N runs (reading ``eval_N``): ``(N + 1) % eval_interval == 0``, as slime."""
-    if eval_interval <= 0:
-        return []
-    return [n for n in range(start_rollout_id, start_rollout_id + num_rollouts) if (n + 1) % eval_interval == 0]
 
 
 def resolve(root: str | None, relative: str) -> str:
@@ -171,8 +154,6 @@ class VerifyReport:
 def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: bool) -> str:
     """Why an eval dump's rewards cannot be read as the run reads them (None is 0.0, dicts under ``reward_key``),
     or "". Dict rewards without a key are left alone unless ``dicts_need_key`` says the key is the job's."""
-    from forge_replay.replay import eval_rewards
-
     unread = Sample(reward=None)  # a dict reward whose key verify does not know: not read
     readable = samples if reward_key or dicts_need_key else [
         unread if isinstance(s.reward, dict) else s for s in samples]

@@ -138,10 +138,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from forge_replay.api.progress import ProgressReport
-    from forge_replay.dumps.verify import eval_rollout_ids
-    from forge_replay.replay import eval_before_train_id, eval_note
+    from forge_replay.dumps.evals import eval_before_train_id, eval_note, eval_rollout_ids
     from forge_replay.runtime.placement import place_trainer
-    from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
+    from forge_replay.dumps.writing import now_rfc3339
+    from forge_replay.runtime.progress import ProgressPublisher
     from forge_replay.runtime.environment import environment
     from forge_replay.runtime.report import render_table
     from forge_replay.verdict.checks import over_memory_budget
