@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from forge_replay.api.dump_path import MAX_COMPONENT_BYTES, eval_path, is_template, train_path
 from forge_replay.dumps.bounds import quote
 from forge_replay.dumps.files import save
-from forge_replay.dumps.progress import progress_bar
+from forge_replay.dumps.progress_bars import progress_bar
 from forge_replay.dumps.sample import Sample
 
 DEFAULT_VOCAB_SIZE = 1000

@@ -306,7 +306,7 @@ def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings:
                   progress: bool) -> dict[tuple[str, str], FileResult]:
     """Verify each (path, kind), ``workers`` processes at a time, one file per worker (so memory stays within the
     largest file's times the workers); in this process when one worker is enough."""
-    from forge_replay.dumps.progress import byte_progress
+    from forge_replay.dumps.progress_bars import byte_progress
 
     results: dict[tuple[str, str], FileResult] = {}
     total = sum(sizes.get(path, 0) for path, _ in files)
