@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
 from forge_replay.dumps.acceptance import UpstreamSettings, refusals
@@ -28,7 +28,7 @@ from forge_replay.dumps.evals import eval_rewards, replayed_eval_ids
 from forge_replay.dumps.files import load
 from forge_replay.dumps.safe_pickle import DumpError
 from forge_replay.dumps.sample import Sample, SampleError
-from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
+from forge_replay.dumps.verify_record import Entry, Stamp, read_record, record_key, stamp_of
 
 Status = Literal["ok", "missing", "fallback", "unreadable"]
 
@@ -174,7 +174,7 @@ class FileSettings:
     reward_key: str | None
     eval_reward_key: str | None
     limits: Limits
-    upstream: UpstreamSettings | None = None  # a slime / miles job's acceptance rules (backends/acceptance.py)
+    upstream: UpstreamSettings | None = None  # a slime / miles job's acceptance rules (dumps/acceptance.py)
 
     def to_dict(self) -> dict:
         c = self.conversion
@@ -382,7 +382,7 @@ def verify_dumps(
     ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too, where
     ``backend``'s train.py evaluates it (miles: at ``start_rollout_id``; slime and builtin: only at 0). ``notes``
     (checks skipped, e.g. an unreadable model config) are carried into the report. With ``upstream`` (a slime / miles
-    job's settings) every train dump must also pass that framework's own acceptance rules (backends/acceptance.py),
+    job's settings) every train dump must also pass that framework's own acceptance rules (dumps/acceptance.py),
     which are stricter than forge-replay's trainer in places. ``jobs`` worker processes verify files in
     parallel. ``trust``: the path of a verify record (:mod:`~forge_replay.dumps.verify_record`; None: there is none)
     whose files are not verified again when unchanged; False (the default) verifies everything without a word.
@@ -390,6 +390,32 @@ def verify_dumps(
     """
     from forge_replay.dumps.bounds import default_limits
 
+    _check_arguments(root, template, num_rollouts, start_rollout_id, eval_interval)
+    began = time.perf_counter()
+    if conversion is not None:
+        reward_key = conversion.reward_key
+    settings = FileSettings(conversion, reward_key, eval_reward_key, limits or default_limits(), upstream)
+    report = VerifyReport(template=template, root=root, notes=list(notes), settings=settings)
+    rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
+    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train, backend)
+    planned = _plan(root, template, rollout_ids, eval_ids, fallback)
+    files = list(dict.fromkeys((p.used, p.kind) for p in planned if p.used is not None))
+    stamps = {path: stamp_of(path) for path, _ in files}
+    to_verify = _take_trusted(report, files, stamps, trust)
+    _verify_the_rest(report, to_verify, stamps, jobs, progress)
+    report.entries = {
+        (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out)
+        for (path, kind), result in report.results.items()
+        if not result.error and result.samples is not None and stamps[path] is not None
+    }
+    report.checks.extend(_file_check(p, report.results) for p in planned)
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def _check_arguments(root: str | None, template: str, num_rollouts: int, start_rollout_id: int,
+                     eval_interval: int) -> None:
+    """Raise ValueError for an invalid dump path or counts."""
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
         raise ValueError(f"dump path {template!r} {problem}")
@@ -398,74 +424,87 @@ def verify_dumps(
     if eval_interval > 0 and not is_template(template):
         raise ValueError(f"eval_interval > 0 needs a {{rollout_id}} template; {template!r} is a literal path")
 
-    began = time.perf_counter()
-    if conversion is not None:
-        reward_key = conversion.reward_key
-    settings = FileSettings(conversion, reward_key, eval_reward_key, limits or default_limits(), upstream)
-    report = VerifyReport(template=template, root=root, notes=list(notes), settings=settings)
-    rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
-    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train, backend)
 
-    # What each rollout and eval reads: (kind, id, path, status, message, file read or None, expected rollout_id)
-    planned: list[tuple[str, int, str, Status, str, str | None, int | None]] = []
+class PlannedFile(NamedTuple):
+    """What one rollout or eval reads, before any file is: its path, its status so far, the file it reads (the
+    rollout-0 file on a fallback; None: none) and the rollout_id that file stands for (None: any)."""
+
+    kind: Literal["train", "eval"]
+    rollout_id: int
+    path: str
+    status: Status
+    message: str
+    used: str | None
+    expected: int | None
+
+
+def _plan(root: str | None, template: str, rollout_ids: range, eval_ids: list[int],
+          fallback: bool) -> list[PlannedFile]:
+    """The file each training rollout reads (its own, rollout 0's on a fallback, or none) and each eval's."""
+    planned: list[PlannedFile] = []
     first = resolve(root, train_path(template, 0))
     for n in rollout_ids:
         path = resolve(root, train_path(template, n))
         expected = n if is_template(template) else None  # a literal path is every rollout's file
         if os.path.exists(path):
-            planned.append(("train", n, path, "ok", "", path, expected))
+            planned.append(PlannedFile("train", n, path, "ok", "", path, expected))
         elif fallback and is_template(template) and os.path.exists(first):
             message = f"missing; rollout 0's file {first} is used instead"
-            planned.append(("train", n, path, "fallback", message, first, 0))
+            planned.append(PlannedFile("train", n, path, "fallback", message, first, 0))
         else:
             hint = "" if fallback or not is_template(template) else " (fallback to rollout 0 is off)"
-            planned.append(("train", n, path, "missing", f"file does not exist{hint}", None, None))
+            planned.append(PlannedFile("train", n, path, "missing", f"file does not exist{hint}", None, None))
     for n in eval_ids:
         path = resolve(root, eval_path(template, n) or "")
         if os.path.exists(path):
-            planned.append(("eval", n, path, "ok", "", path, n))
+            planned.append(PlannedFile("eval", n, path, "ok", "", path, n))
         else:
             message = "file does not exist: eval replays as an empty result"
-            planned.append(("eval", n, path, "missing", message, None, None))
+            planned.append(PlannedFile("eval", n, path, "missing", message, None, None))
+    return planned
 
-    files = list(dict.fromkeys((used, kind) for kind, _, _, _, _, used, _ in planned if used is not None))
-    stamps = {path: stamp_of(path) for path, _ in files}
+
+def _take_trusted(report: VerifyReport, files: list[tuple[str, str]], stamps: dict[str, Stamp | None],
+                  trust: str | None | Literal[False]) -> list[tuple[str, str]]:
+    """Take into ``report`` the results the verify record ``trust`` holds for files unchanged since; the (path, kind)
+    left to verify, each noted in ``report.verified`` with why it was not trusted."""
     if trust is not False:
-        record = read_record(trust, settings.to_dict())
+        record = read_record(trust, report.settings.to_dict())
         report.record, report.record_note = record.path, record.note
     to_verify = []
     for path, kind in files:
-        entry, reason = (None, "") if trust is False else record.entry_for(record_key(path, root), kind, stamps[path])
+        entry, reason = ((None, "") if trust is False
+                         else record.entry_for(record_key(path, report.root), kind, stamps[path]))
         if entry is not None:
             report.results[(path, kind)] = FileResult(entry.samples, "", entry.rollout_id, entry.masked_out)
             report.trusted.append(path)
         else:
             to_verify.append((path, kind))
             report.verified[path] = reason
+    return to_verify
+
+
+def _verify_the_rest(report: VerifyReport, to_verify: list[tuple[str, str]], stamps: dict[str, Stamp | None],
+                     jobs: int, progress: bool) -> None:
+    """Verify ``to_verify`` into ``report.results``, with as many of ``jobs`` worker processes as memory holds."""
     sizes = {path: stamp.size for path, stamp in stamps.items() if stamp is not None}
     largest = max((sizes.get(path, 0) for path, _ in to_verify), default=0)
     workers, capped = worker_count(jobs, len(to_verify), largest, available_memory() if jobs > 1 else None)
     if capped:
         report.notes.append(capped)
     report.workers = workers
-    report.results.update(_verify_files(to_verify, sizes, settings, workers, progress))
-    report.entries = {
-        (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out)
-        for (path, kind), result in report.results.items()
-        if not result.error and result.samples is not None and stamps[path] is not None
-    }
+    report.results.update(_verify_files(to_verify, sizes, report.settings, workers, progress))
 
-    for kind, n, path, status, message, used, expected in planned:
-        if used is None:
-            report.checks.append(FileCheck(kind, n, path, status, message))
-            continue
-        result = report.results[(used, kind)]
-        if result.error:
-            status, message = "unreadable", result.error
-        note = "" if result.error or result.rollout_id is None else rollout_id_note(result.rollout_id, expected)
-        if note:
-            message = f"{message}; {note}" if message else note
-        report.checks.append(FileCheck(kind, n, path, status, message, result.samples, used, result.masked_out,
-                                       bool(note)))
-    report.seconds = time.perf_counter() - began
-    return report
+
+def _file_check(planned: PlannedFile, results: dict[tuple[str, str], FileResult]) -> FileCheck:
+    """The verdict on one planned file, from what reading the file it reads found."""
+    kind, n, path, status, message, used, expected = planned
+    if used is None:
+        return FileCheck(kind, n, path, status, message)
+    result = results[(used, kind)]
+    if result.error:
+        status, message = "unreadable", result.error
+    note = "" if result.error or result.rollout_id is None else rollout_id_note(result.rollout_id, expected)
+    if note:
+        message = f"{message}; {note}" if message else note
+    return FileCheck(kind, n, path, status, message, result.samples, used, result.masked_out, bool(note))
