@@ -223,7 +223,8 @@ def test_entrypoint_runs_a_runtime_config_file_like_the_operator_mounts(tmp_path
     from forge_replay.runtime.__main__ import main
 
     from forge_replay.dumps.convert import Conversion
-    from forge_replay.dumps.verify import model_limits, verify_dumps
+    from forge_replay.dumps.model_limits import model_limits
+    from forge_replay.dumps.verify import verify_dumps
     from forge_replay.dumps.verify_record import record_document, write_record
 
     write_dump(tmp_path / "dumps" / "rollout_0.pt", 0)

@@ -204,26 +204,16 @@ def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[s
     """Run the verify Job's check (`forge-replay dumps verify` with the job's settings and the framework's acceptance
     rules) here, on the local dumps; what it prints goes to the user. A model folder missing here leaves the model's
     limits unchecked (the team's script loads the model, not forge-replay), with a note."""
-    import click
-
-    from forge_replay.controller.render import verify_command
-    from forge_replay.dumps.cli import dumps
+    from forge_replay.dumps.verify_request import EXIT_OK, VerifyRequest, run_verify
 
     model_path = job.spec.model.path
     if model_path and not (model_root and Path(model_root, model_path).is_dir()):
         err(f"note: spec.model.path {model_path} is not under --model-root here: dumps are checked without the model's "
             "vocabulary and positions")
         model_root = None
-    argv = verify_command(job, dumps_root=os.path.abspath(dumps_root),
-                          model_root=os.path.abspath(model_root) if model_root else None, in_pod=False)
-    try:
-        dumps.main(argv[2:], prog_name="forge-replay dumps", standalone_mode=False)
-    except SystemExit as exc:
-        return exc.code in (0, None)
-    except click.ClickException as exc:
-        exc.show()
-        return False
-    return True
+    request = VerifyRequest.for_job(job, dumps_root=os.path.abspath(dumps_root),
+                                    model_root=os.path.abspath(model_root) if model_root else None, in_pod=False)
+    return run_verify(request) == EXIT_OK
 
 
 def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], None]) -> int:

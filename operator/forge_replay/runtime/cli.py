@@ -121,7 +121,7 @@ def synthesize_if_absent(job, dumps_root: str, echo) -> list[str]:
     """
     from forge_replay.api.dump_path import is_template, train_path
     from forge_replay.dumps.synth import write_synth_dumps
-    from forge_replay.dumps.verify import replayed_eval_ids
+    from forge_replay.dumps.evals import replayed_eval_ids
 
     replay = job.spec.replay
     template = replay.dumps.path

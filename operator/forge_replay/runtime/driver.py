@@ -93,9 +93,10 @@ def preflight(config, progress: bool = False) -> Prepared:
     :class:`ReplayRunError`; the CLI and the in-cluster runtime run this before Ray, so bad input fails fast.
     ``progress`` shows verify's progress bar.
     """
-    from forge_replay.dumps.verify import model_limits
+    from forge_replay.dumps.model_config import ModelError
+    from forge_replay.dumps.model_limits import model_limits
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
-    from forge_replay.runtime.trainer.model import ModelError, model_source
+    from forge_replay.runtime.trainer.model import model_source
 
     spec = config.job.spec
     ft = spec.fault_tolerance
@@ -137,10 +138,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from forge_replay.api.progress_report import ProgressReport
-    from forge_replay.dumps.verify import eval_rollout_ids
-    from forge_replay.replay import eval_before_train_id, eval_note
+    from forge_replay.dumps.evals import eval_before_train_id, eval_note, eval_rollout_ids
     from forge_replay.runtime.placement import place_trainer
-    from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
+    from forge_replay.dumps.writing import now_rfc3339
+    from forge_replay.runtime.progress import ProgressPublisher
     from forge_replay.runtime.environment import environment
     from forge_replay.runtime.report import render_table
     from forge_replay.verdict.checks import over_memory_budget
