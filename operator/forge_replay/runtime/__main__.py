@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.config}: {problem}", file=sys.stderr)
         return 2
 
-    from forge_replay.runtime.progress import record_result
+    from forge_replay.runtime.progress_publish import record_result
     from forge_replay.runtime.results import ResultsError, prepare_results
 
     if config.results_dir:  # an unwritable results claim fails before Ray starts, not after the run trained
