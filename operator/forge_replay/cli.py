@@ -17,7 +17,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("forge_replay.api.cli:validate", "Check ForgeReplayJob YAML files against the API rules."),
     "crd": ("forge_replay.api.cli:crd", "Print the ForgeReplayJob CRD generated from the API models."),
     "dumps": ("forge_replay.dumps.cli:dumps", "Inspect, verify, synthesize and pack rollout dumps."),
-    "run": ("forge_replay.runtime.cli:run", "Run a ForgeReplayJob on this machine with a local Ray."),
+    "run": ("forge_replay.commands.run:run", "Run a ForgeReplayJob on this machine with a local Ray."),
     "report": ("forge_replay.verdict.cli:report", "Compare run reports; print one as a baseline ConfigMap."),
     "render": ("forge_replay.controller.cli:render", "Print the Kubernetes objects the operator would create."),
     "operator": ("forge_replay.controller.cli:operator", "Run the kopf operator that reconciles ForgeReplayJobs."),
