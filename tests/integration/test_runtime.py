@@ -22,7 +22,7 @@ from forge_replay.api import parse_job  # noqa: E402
 from forge_replay.api.runtime_config import RuntimeConfig  # noqa: E402
 from forge_replay.dumps import save  # noqa: E402
 from forge_replay.dumps.synth import synth_samples  # noqa: E402
-from forge_replay.runtime.cli import run as run_command  # noqa: E402
+from forge_replay.commands.run import run as run_command  # noqa: E402
 from forge_replay.runtime.driver import ReplayRunError, run_job  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_replay.runtime.cli import synth_disk_problem
+from forge_replay.runtime.run_inputs import synth_disk_problem
 from forge_replay.runtime.results import (
     LOCK_NAME,
     LockOwner,
