@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from forge_replay.api.base import ApiModel
+from forge_replay.errors import Portable
 
 Outcome = Literal["fits", "overBudget", "outOfMemory", "failed"]
 OUTCOMES: tuple[str, ...] = ("fits", "overBudget", "outOfMemory", "failed")
@@ -124,3 +125,12 @@ class OutOfMemory(_Part):
 
 def _gib(value: int) -> str:
     return f"{value / 2**30:.2f} GiB"
+
+
+class RanOutOfMemory(Portable, RuntimeError):
+    """Raised where an out-of-memory is recognized (a rank's phase, the driver reading a rank's death, the engine
+    fleet reading an engine's exit); crosses Ray intact and carries the record."""
+
+    def __init__(self, record: OutOfMemory):
+        super().__init__(record.line())
+        self.record = record
