@@ -304,12 +304,38 @@ def test_flags_that_train_on_rollout_log_probs_need_them(backend: str, flag: str
     assert (custom == []) == (flag != "--use-rollout-logprobs")  # the team's TIS function decides
 
 
-def test_slime_refuses_log_probs_on_sample_zero_only() -> None:
+@pytest.mark.parametrize("backend,cited", [("slime", "slime/observability/rollout_data_utils.py:30-33"),
+                                           ("miles", "miles/backends/training_utils/cp_utils.py:418")])
+def test_log_probs_on_some_samples_only_are_refused(backend: str, cited: str) -> None:
     samples = episodes(4)
     samples[3].rollout_log_probs = None
-    [refusal] = refusals(samples, settings("slime"))
+    [refusal] = refusals(samples, settings(backend))
     assert refusal.index == 3 and refusal.problem.startswith("is None while sample 0 has rollout log probs")
-    assert "slime/observability/rollout_data_utils.py:30-33" in refusal.problem
+    assert cited in refusal.problem
     samples[0].rollout_log_probs, samples[3].rollout_log_probs = None, samples[1].rollout_log_probs
-    assert refusals(samples, settings("slime")) == []  # sample 0 has none: none are collected
-    assert refusals(episodes(4), settings("slime")) == []
+    assert refusals(samples, settings(backend)) == []  # sample 0 has none: none are collected
+    assert refusals(episodes(4), settings(backend)) == []
+
+
+# ------------------------------------------------------------------ what slime's and miles' own code did, recorded
+
+
+def test_forge_replay_refuses_what_the_frameworks_did_in_the_by_hand_check(tmp_path) -> None:
+    """scripts/backend-check ran slime's and miles' own code at the pins on each of its cases and recorded what they
+    did (tests/unit/golden/backend-check.json); forge-replay's verdict on every case must still agree with it."""
+    import json
+
+    from forge_replay.frameworks.rules import _rules
+    from tests.unit.test_byo_upstream_rules import _script
+
+    check = _script("backend-check")
+    recorded = json.loads(check.RECORD.read_text())
+    assert recorded["pins"] == {name: f"{part['repository']}@{part['commit']}" for name, part in _rules().items()}
+    items = check.cases(str(tmp_path))
+    assert {i["id"] for i in items} == set(recorded["cases"])
+    assert {i["id"][0] for i in items} == set("12345678")  # every one of the eight
+    for item in items:
+        theirs = recorded["cases"][item["id"]]
+        ours = check.forge_replay_verdict(item)
+        if theirs["outcome"] != "code":
+            assert (ours["verdict"], theirs["outcome"]) in check.AGREE, (item["id"], ours, theirs)
