@@ -75,6 +75,35 @@ def test_layout_follows_megatron_and_the_flags() -> None:
     assert upstream_rule(MEGATRON, "data-parallel-size")["flags"][0] == "--tensor-model-parallel-size"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode,loader", [("forge", "forgeReplay"), ("debug", "forgeReplay"), ("debug", "upstream")])
+@pytest.mark.parametrize("ft", [None, {"enabled": True}, {"enabled": True, "components": ["train", "rollout"]}])
+def test_verify_flags_are_injected_as_the_trainer_gets_them(backend: str, mode: str, loader: str, ft) -> None:
+    """What verify's acceptance reads besides the team's args is what forge-replay injects, with the same values."""
+    from forge_replay.backends.argv import injected_argv
+    from forge_replay.frameworks.batch import verify_flags
+
+    extra = {"spec__faultTolerance": ft} if ft else {}
+    doc = byo_job(backend, mode, spec__replay__loader=loader, spec__trainer__args=["--global-batch-size", "32"],
+                  spec__replay__dumps__fallbackToFirst=loader != "upstream", **extra)
+    try:
+        spec = parse_job(doc).spec
+    except SpecInvalid:
+        return  # a combination validate refuses (slime's fault tolerance in debug mode, ...)
+    injected, flags = injected_argv(spec, "/mnt/d"), verify_flags(spec, f"/mnt/d/{spec.replay.dumps.path}")
+    assert flags and set(_by_flag(flags).items()) <= set(_by_flag(injected).items()), (flags, injected)
+
+
+def _by_flag(argv: list[str]) -> dict[str, tuple[str, ...]]:
+    """flag -> the values that follow it."""
+    out: dict[str, tuple[str, ...]] = {}
+    for i, item in enumerate(argv):
+        if item.startswith("--"):
+            rest = argv[i + 1:]
+            out[item] = tuple(rest[:next((k for k, v in enumerate(rest) if v.startswith("--")), len(rest))])
+    return out
+
+
 # ------------------------------------------------------------------ 1. miles resets --start-rollout-id without --load
 
 

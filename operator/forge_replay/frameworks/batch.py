@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from forge_replay.frameworks.flags import flag_of, flag_table, flag_value, sets_flag
 
@@ -116,3 +117,19 @@ def _given_int(args: Sequence[str], flag: str) -> int | None:
 def _fsdp(backend: str, args: Sequence[str]) -> bool:
     """miles' FSDP trainer does not run Megatron's argument checks (so no default global batch size)."""
     return backend == "miles" and flag_value(list(args), "--train-backend") == "fsdp"
+
+
+def verify_flags(spec: Any, dumps: str) -> list[str]:
+    """The flags forge-replay injects for a slime / miles ``spec`` (a ForgeReplayJobSpec) that verify's acceptance
+    rules read besides the team's args: the world size, fault tolerance (miles' cells) and the upstream debug loader
+    (miles skips its trim there). Each is what backends.argv.injected_argv appends, with the same values (a test
+    checks); ``dumps`` is the dumps path or template the loader is given."""
+    trainer, replay, ft = spec.trainer, spec.replay, spec.fault_tolerance
+    flags = ["--actor-num-nodes", str(trainer.nodes), "--actor-num-gpus-per-node", str(trainer.gpus_per_node)]
+    if replay.mode == "debug" and replay.loader == "upstream":
+        flags += ["--debug-train-only", "--load-debug-rollout-data", dumps]
+    if ft.enabled:
+        flags.append("--use-fault-tolerance")
+        if trainer.backend == "miles":
+            flags += ["--ft-components", *ft.active_components]
+    return flags
