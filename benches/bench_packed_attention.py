@@ -23,7 +23,8 @@ CHILD = r"""
 import json, resource, sys, time, torch
 from transformers import AutoModelForCausalLM
 from forge_replay.runtime.trainer.batching import segment_bounds
-from forge_replay.runtime.trainer.model import attention_for, config_from_dict
+from forge_replay.dumps.model_config import config_from_dict
+from forge_replay.runtime.trainer.model import attention_for
 tokens, samples, impl = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 config = config_from_dict({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
                            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024,

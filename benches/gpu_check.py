@@ -362,7 +362,8 @@ def check_attention(sizes: Sizes, on_gpu: bool) -> tuple[list[Figure], dict]:
     from transformers import AutoModelForCausalLM
 
     from forge_replay.runtime.trainer.batching import segment_bounds
-    from forge_replay.runtime.trainer.model import PACKED_ATTENTION, build_model, config_from_dict
+    from forge_replay.dumps.model_config import config_from_dict
+    from forge_replay.runtime.trainer.model import PACKED_ATTENTION, build_model
 
     device = "cuda" if on_gpu else "cpu"
     ours = build_model(sizes.attention_model, seed=0, gradient_checkpointing=False)

@@ -16,8 +16,8 @@ from forge_replay import __version__
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("forge_replay.commands.validate:validate", "Check ForgeReplayJob YAML files against the API rules."),
     "crd": ("forge_replay.commands.validate:crd", "Print the ForgeReplayJob CRD generated from the API models."),
-    "dumps": ("forge_replay.dumps.cli:dumps", "Inspect, verify, synthesize and pack rollout dumps."),
-    "run": ("forge_replay.runtime.cli:run", "Run a ForgeReplayJob on this machine with a local Ray."),
+    "dumps": ("forge_replay.commands.dumps:dumps", "Inspect, verify, synthesize and pack rollout dumps."),
+    "run": ("forge_replay.commands.run:run", "Run a ForgeReplayJob on this machine with a local Ray."),
     "report": ("forge_replay.commands.report:report", "Compare run reports; print one as a baseline ConfigMap."),
     "render": ("forge_replay.commands.render:render", "Print the Kubernetes objects the operator would create."),
     "operator": ("forge_replay.commands.operator:operator", "Run the kopf operator that reconciles ForgeReplayJobs."),

@@ -27,9 +27,10 @@ from typing import Any
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
 from forge_replay.dumps import Sample, load
-from forge_replay.errors import Portable
+from forge_replay.dumps.evals import eval_rewards
 from forge_replay.dumps.prefetch import Prefetcher
-from forge_replay.dumps.verify import eval_rollout_ids, resolve
+from forge_replay.dumps.verify import resolve
+from forge_replay.errors import Portable
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +45,6 @@ __all__ = [
     "RolloutFnEvalOutput",
     "RolloutFnTrainOutput",
     "add_arguments",
-    "eval_before_train_id",
-    "eval_note",
-    "eval_rewards",
-    "eval_rollout_ids",
     "generate_rollout",
 ]
 
@@ -102,55 +99,6 @@ class EvalResult:
     @property
     def truncated(self) -> list[bool]:
         return [Sample.Status(s.status) is Sample.Status.TRUNCATED for s in self.samples]
-
-
-def eval_before_train_id(start_rollout_id: int, eval_interval: int, eval_before_train: bool,
-                         backend: str = "builtin") -> int | None:
-    """The eval replayed before the first training step (its id N: it reads ``eval_N``), or None.
-
-    slime's train.py evaluates before training when eval is on (an eval interval), the loop's rollout is 0 and
-    --skip-eval-before-train is not given, so a run that starts at a later rollout does not; miles' train.py
-    evaluates before the run's first step, at ``start_rollout_id`` (rule eval-before-train of
-    backends/upstream_rules.json). The builtin trainer does as slime does. forge-replay asks for it with
-    ``spec.replay.evalBeforeTrain``."""
-    if not eval_before_train or eval_interval <= 0:
-        return None
-    if backend != "builtin":
-        from forge_replay.frameworks.rules import upstream_rule
-
-        rule = upstream_rule(backend, "eval-before-train")
-        if rule is not None and rule["at"] == "start-rollout-id":
-            return start_rollout_id
-    return 0 if start_rollout_id == 0 else None
-
-
-def eval_note(mode: str, eval_interval: int, eval_ids: list[int], before_train: int | None) -> str:
-    """One line saying which evals a run replays; in debug mode also that it evaluates only because asked."""
-    if eval_interval <= 0:
-        return f"{mode} mode: no eval (evalInterval 0)" + (
-            "; slime's debug mode (--debug-train-only) never evaluates either" if mode == "debug" else "")
-    files = ([f"eval_{before_train} before the first step"] if before_train is not None else []) + [
-        f"eval_{n} after rollout {n}" for n in eval_ids]
-    what = ", ".join(files) if files else "none in these rollouts"
-    if mode == "debug":
-        return (f"debug mode evaluates because evalInterval is {eval_interval} (slime's debug mode would not): "
-                f"{what}, rewards read from the eval dumps, no engines")
-    return f"eval every {eval_interval} rollouts: {what}"
-
-
-def eval_rewards(samples: list[Any], reward_key: str | None) -> list[float]:
-    """slime's forge_load eval rewards: ``reward[key]`` for dict rewards when a key is set, None -> 0.0."""
-    rewards = []
-    for i, sample in enumerate(samples):
-        reward = sample.reward
-        if isinstance(reward, dict) and reward_key:
-            if reward_key not in reward:
-                raise KeyError(f"eval sample {i}: reward has no key {reward_key!r} (keys {sorted(map(str, reward))})")
-            reward = reward[reward_key]
-        if isinstance(reward, dict):
-            raise TypeError(f"eval sample {i}: reward is a dict (keys {sorted(map(str, reward))}); set the eval reward key")
-        rewards.append(0.0 if reward is None else float(reward))
-    return rewards
 
 
 class ReplaySource:

@@ -14,7 +14,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from forge_replay.api import parse_job  # noqa: E402
 from forge_replay.verdict.checks import check_report, first_failure  # noqa: E402
-from forge_replay.runtime.cli import run as run_command  # noqa: E402
+from forge_replay.commands.run import run as run_command  # noqa: E402
 from tests.integration.test_runtime import job_doc, write_dump, write_job_file  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
@@ -143,6 +143,6 @@ def test_the_gitops_walkthrough_runs_as_written(tmp_path, monkeypatch):
     # one file holding the gate and its baseline, as a GitOps folder does: run skips the ConfigMap
     both = Path("gate.yaml")
     both.write_text(Path("baseline.yaml").read_text() + "---\n" + Path("examples/release-gate.yaml").read_text())
-    from forge_replay.runtime.cli import load_one_job
+    from forge_replay.runtime.run_inputs import load_one_job
 
     assert load_one_job(str(both)).metadata.name == "release-gate"

@@ -22,7 +22,7 @@ from forge_replay.api import parse_job  # noqa: E402
 from forge_replay.api.runtime_config import RuntimeConfig  # noqa: E402
 from forge_replay.dumps import save  # noqa: E402
 from forge_replay.dumps.synth import synth_samples  # noqa: E402
-from forge_replay.runtime.cli import run as run_command  # noqa: E402
+from forge_replay.commands.run import run as run_command  # noqa: E402
 from forge_replay.runtime.driver import ReplayRunError, run_job  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.usefixtures("local_ray")]
@@ -223,7 +223,8 @@ def test_entrypoint_runs_a_runtime_config_file_like_the_operator_mounts(tmp_path
     from forge_replay.runtime.__main__ import main
 
     from forge_replay.dumps.convert import Conversion
-    from forge_replay.dumps.verify import model_limits, verify_dumps
+    from forge_replay.dumps.model_limits import model_limits
+    from forge_replay.dumps.verify import verify_dumps
     from forge_replay.dumps.verify_record import record_document, write_record
 
     write_dump(tmp_path / "dumps" / "rollout_0.pt", 0)

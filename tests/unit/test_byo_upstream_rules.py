@@ -25,7 +25,7 @@ from forge_replay.frameworks.rules import MEGATRON, RULE_IDS, argv_problems, ups
 from forge_replay.dumps.files import save
 from forge_replay.dumps.synth import synth_samples
 from forge_replay.dumps.verify import verify_dumps
-from forge_replay.replay import eval_before_train_id
+from forge_replay.dumps.evals import eval_before_train_id
 from tests.unit.spec_factory import REQUIRED_ARGS, byo_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -349,8 +349,8 @@ def test_verify_with_a_backend_refuses_what_the_framework_would(tmp_path) -> Non
 def test_verify_cli_and_job_pass_the_backend(tmp_path) -> None:
     from click.testing import CliRunner
 
-    from forge_replay.controller.render import verify_command
-    from forge_replay.dumps.cli import dumps as dumps_command
+    from forge_replay.dumps.verify_request import verify_command
+    from forge_replay.commands.dumps import dumps as dumps_command
 
     template = _dumps(tmp_path, [0], [], one_episode=True)
     base = ["verify", "--root", str(tmp_path), "--path", template, "--num-rollouts", "1"]

@@ -18,7 +18,8 @@ from forge_replay.dumps import DumpError, Sample, SampleError, load, load_raw, s
 from forge_replay.dumps.packed import is_packed, open_packed, write_packed
 from forge_replay.dumps.prefetch import Prefetcher
 from forge_replay.dumps.synth import synth_samples, write_synth_dumps
-from forge_replay.dumps.verify import eval_rollout_ids, verify_dumps
+from forge_replay.dumps.evals import eval_rollout_ids
+from forge_replay.dumps.verify import verify_dumps
 from tests.unit.test_dumps_slime_format import assert_same, save_debug_rollout_data, slime_samples
 
 # --- the safe loader ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from forge_replay.dumps import DumpError, load, load_raw, safe_load
 from forge_replay.dumps.inert import DumpImage, DumpRecord, revive
 from forge_replay.dumps.packed import identical, load_packed_raw, write_packed
-from forge_replay.dumps.safe_pickle import Refused
+from forge_replay.dumps.refusal import Refused
 from forge_replay.dumps.summary import render_text, summarize
 from tests.doubles import upstream_types as up
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from forge_replay.api import eval_path
-from forge_replay.dumps.verify import eval_rollout_ids
+from forge_replay.dumps.evals import eval_rollout_ids
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 

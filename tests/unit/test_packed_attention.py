@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from forge_replay.runtime.trainer.batching import segment_bounds
-from forge_replay.runtime.trainer.model import PACKED_ATTENTION, attention_for, build_model, config_from_dict
+from forge_replay.dumps.model_config import config_from_dict
+from forge_replay.runtime.trainer.model import PACKED_ATTENTION, attention_for, build_model
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}

@@ -19,7 +19,8 @@ from forge_replay.api.paths import CONFIG_DIR, DUMPS_MOUNT, MODEL_MOUNT, RESULTS
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.controller import naming
 from forge_replay.commands.render import objects_yaml
-from forge_replay.controller.render import render, spec_hash, verify_command
+from forge_replay.controller.render import render, spec_hash
+from forge_replay.dumps.verify_request import verify_command
 from forge_replay.controller.settings import OperatorSettings
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
@@ -239,7 +240,7 @@ def test_verify_command_no_fallback() -> None:
 
 def test_verify_job_checks_dict_rewards_under_the_spec_reward_key(tmp_path) -> None:
     """The verify Job reads rewards under replay.rewardKey as training does (issue 19); none without one."""
-    from forge_replay.dumps.cli import dumps
+    from forge_replay.commands.dumps import dumps
 
     doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
     assert "--reward-key" not in verify_command(parse_job(doc))
@@ -251,7 +252,7 @@ def test_verify_job_checks_dict_rewards_under_the_spec_reward_key(tmp_path) -> N
     args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
     assert dumps.get_command(None, "verify").make_context("verify", args).params["reward_key"] == "accuracy"
     doc["spec"]["replay"]["evalRewardKey"] = "pass"  # eval dumps are read under their own key
-    command = verify_command(parse_job(doc))
+    command = verify_command(parse_job(doc), record=RECORD)
     assert command[-10:-6] == ["--reward-key", "accuracy", "--eval-reward-key", "pass"]
     args = [str(tmp_path) if a == DUMPS_MOUNT else a for a in command[3:]]
     assert dumps.get_command(None, "verify").make_context("verify", args).params["eval_reward_key"] == "pass"
@@ -277,7 +278,7 @@ def test_file_rendering_has_no_owner_references() -> None:
 @pytest.mark.parametrize("case", ["forge-memtest", "debug-checkpoint"])
 def test_verify_command_is_accepted_by_the_dumps_cli(case: str, tmp_path) -> None:
     """The verify Job's argv must parse with the real `forge-replay dumps verify` command."""
-    from forge_replay.dumps.cli import dumps
+    from forge_replay.commands.dumps import dumps
 
     argv = verify_command(_job(case))
     assert argv[:3] == ["forge-replay", "dumps", "verify"]
@@ -291,7 +292,7 @@ def test_verify_command_is_accepted_by_the_dumps_cli(case: str, tmp_path) -> Non
 
 def test_verify_command_checks_the_eval_before_the_first_step(tmp_path) -> None:
     """With replay.evalBeforeTrain the verify Job checks eval_0 too, as `forge-replay run` does before Ray."""
-    from forge_replay.dumps.cli import dumps
+    from forge_replay.commands.dumps import dumps
 
     doc = yaml.safe_load((GOLDEN / "forge-memtest.in.yaml").read_text())
     assert "--eval-before-train" not in verify_command(parse_job(doc))
@@ -387,7 +388,7 @@ BYO_GOLDEN = Path(__file__).parent / "golden" / "byo"
 def test_reward_flags_follow_reward_key_and_every_verify_flag_is_the_clis(path: Path, tmp_path) -> None:
     """A job without rewardKey: no --reward-key anywhere, --no-reward-key only to `dumps verify` (which declares
     it: a dict reward is then refused, as training refuses it), never to the trainer; with one, --reward-key."""
-    from forge_replay.dumps.cli import dumps
+    from forge_replay.commands.dumps import dumps
 
     job = parse_job(yaml.safe_load(path.read_text()))
     key = job.spec.replay.reward_key

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from forge_replay import replay
-from forge_replay.dumps import DumpError, Sample
+from forge_replay.dumps import DumpError, Sample, evals
 from forge_replay.replay import ReplayError, ReplaySource, generate_rollout
 from tests.doubles import frameworks
 from tests.doubles import upstream_types as upstream
@@ -314,18 +314,18 @@ BEFORE_TRAIN = [
 
 @pytest.mark.parametrize("start, interval, asked, expected", BEFORE_TRAIN)
 def test_eval_before_train_follows_slime(start, interval, asked, expected):
-    assert replay.eval_before_train_id(start, interval, asked) == expected
+    assert evals.eval_before_train_id(start, interval, asked) == expected
 
 
 def test_eval_note_says_what_is_evaluated_and_that_debug_mode_only_does_so_when_asked():
-    ids = replay.eval_rollout_ids(0, 4, 2)
+    ids = evals.eval_rollout_ids(0, 4, 2)
     assert ids == [1, 3]
-    debug = replay.eval_note("debug", 2, ids, 0)
+    debug = evals.eval_note("debug", 2, ids, 0)
     assert debug.startswith("debug mode evaluates because evalInterval is 2")
     assert "eval_0 before the first step, eval_1 after rollout 1, eval_3 after rollout 3" in debug
-    assert replay.eval_note("debug", 0, [], None) == (
+    assert evals.eval_note("debug", 0, [], None) == (
         "debug mode: no eval (evalInterval 0); slime's debug mode (--debug-train-only) never evaluates either")
-    assert replay.eval_note("forge", 2, ids, None) == (
+    assert evals.eval_note("forge", 2, ids, None) == (
         "eval every 2 rollouts: eval_1 after rollout 1, eval_3 after rollout 3")
-    assert replay.eval_note("forge", 0, [], None) == "forge mode: no eval (evalInterval 0)"
-    assert replay.eval_note("forge", 5, [], None) == "eval every 5 rollouts: none in these rollouts"
+    assert evals.eval_note("forge", 0, [], None) == "forge mode: no eval (evalInterval 0)"
+    assert evals.eval_note("forge", 5, [], None) == "eval every 5 rollouts: none in these rollouts"

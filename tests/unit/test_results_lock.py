@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from forge_replay.runtime.cli import synth_disk_problem
+from forge_replay.runtime.run_inputs import synth_disk_problem
 from forge_replay.runtime.results import (
     LOCK_NAME,
     LockOwner,
@@ -21,8 +21,8 @@ from forge_replay.runtime.results import (
     check_writable,
     read_owner,
     set_previous_aside,
-    write_atomically,
 )
+from forge_replay.dumps.writing import write_atomically
 
 
 def other_process(code: str = "import time; time.sleep(60)") -> subprocess.Popen:

@@ -11,7 +11,8 @@ import yaml
 from click.testing import CliRunner
 
 from forge_replay.api import parse_job
-from forge_replay.runtime.cli import run, synthesize_if_absent
+from forge_replay.commands.run import run
+from forge_replay.runtime.run_inputs import synthesize_if_absent
 
 TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
@@ -182,7 +183,7 @@ def test_synth_missing_into_an_unwritable_place_says_so_without_a_traceback(tmp_
 def test_run_takes_a_gitops_file_with_one_job_and_other_kinds(tmp_path):
     """Issue 25: a GitOps folder's file holds the job and its baseline ConfigMap; run skips the ConfigMap, as
     validate does, and still refuses a file with no job or two."""
-    from forge_replay.runtime.cli import _Unusable, load_one_job
+    from forge_replay.runtime.run_inputs import Unusable as _Unusable, load_one_job
 
     configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"report.json": "{}"}}
     path = tmp_path / "gate.yaml"
@@ -201,7 +202,7 @@ def test_a_stop_written_off_as_unraisable_is_acted_on_and_not_shown(capsys):
     import signal
     import sys
 
-    from forge_replay.runtime import cli
+    from forge_replay.runtime import local_run as cli
 
     class WrittenOff:
         def __del__(self):

@@ -7,7 +7,7 @@ import logging
 
 from forge_replay.api import MemoryPeak
 from forge_replay.api.progress_report import ProgressReport
-from forge_replay.runtime.progress import ProgressPublisher
+from forge_replay.runtime.progress_publish import ProgressPublisher
 
 
 def test_progress_is_written_as_camel_case_json(tmp_path):
@@ -41,7 +41,7 @@ def _config(results_dir):
 
 def test_the_result_is_recorded_on_top_of_the_last_progress(tmp_path):
     ProgressPublisher(str(tmp_path)).publish(ProgressReport(completed=3, total=4, fallbacks=1))
-    from forge_replay.runtime.progress import record_result
+    from forge_replay.runtime.progress_publish import record_result
 
     record_result(_config(tmp_path), "Failed", "rollout 3: run/rollout_3.pt: missing")
     report = ProgressReport.model_validate_json((tmp_path / "progress.json").read_text())
@@ -51,7 +51,7 @@ def test_the_result_is_recorded_on_top_of_the_last_progress(tmp_path):
 
 
 def test_the_result_is_recorded_even_without_earlier_progress(tmp_path):
-    from forge_replay.runtime.progress import record_result
+    from forge_replay.runtime.progress_publish import record_result
 
     record_result(_config(tmp_path / "fresh"), "Succeeded")
     report = ProgressReport.model_validate_json((tmp_path / "fresh" / "progress.json").read_text())

@@ -18,10 +18,11 @@ from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.controller.render import render
 from forge_replay.controller.settings import OperatorSettings
 from forge_replay.dumps import save
-from forge_replay.dumps.cli import dumps
+from forge_replay.commands.dumps import dumps
 from forge_replay.dumps.convert import Conversion, ModelLimits
 from forge_replay.dumps.synth import synth_samples
-from forge_replay.dumps.verify import cgroup_cpu_quota, model_limits, verify_dumps
+from forge_replay.dumps.model_limits import model_limits
+from forge_replay.dumps.verify import cgroup_cpu_quota, verify_dumps
 from forge_replay.dumps.verify_record import RECORD_FILE, read_record
 from forge_replay.runtime.driver import preflight
 

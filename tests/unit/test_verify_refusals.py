@@ -22,7 +22,8 @@ from forge_replay.controller.settings import OperatorSettings
 from forge_replay.dumps import Sample, SampleError, save
 from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, to_train_data
 from forge_replay.dumps.synth import synth_samples
-from forge_replay.dumps.verify import model_limits, verify_dumps
+from forge_replay.dumps.model_limits import model_limits
+from forge_replay.dumps.verify import verify_dumps
 
 TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 32}
@@ -77,7 +78,7 @@ def test_conversion_for_job_is_what_the_rollout_manager_trains_with(tmp_path):
 
 def test_model_limits_from_a_config_dict_and_a_checkpoint_directory(tmp_path):
     assert model_limits(TINY) == (ModelLimits(128, 32), "")
-    from forge_replay.runtime.trainer.model import config_from_dict
+    from forge_replay.dumps.model_config import config_from_dict
 
     config_from_dict({**TINY, "vocab_size": 77, "max_position_embeddings": 55}).save_pretrained(tmp_path / "ckpt")
     assert not [p for p in os.listdir(tmp_path / "ckpt") if p != "config.json"]  # a config, no weights
@@ -191,7 +192,7 @@ def test_the_verify_job_and_run_refuse_the_same_samples(tmp_path, case, model):
     pre-flight give the same verdict and the same message, the model's limits read from the same config."""
     from forge_replay.cli import main
     from forge_replay.runtime.driver import DumpsRefused, preflight
-    from forge_replay.runtime.trainer.model import config_from_dict
+    from forge_replay.dumps.model_config import config_from_dict
 
     samples = _samples()
     if case.startswith("dict"):

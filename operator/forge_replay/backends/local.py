@@ -169,7 +169,7 @@ def input_problem(file: str, job: Any, trainer_root: str | None, dumps_root: str
     script = Path(trainer_root, spec.trainer.script)
     if not script.is_file():
         return f"{file}: {script} does not exist (spec.trainer.script under --trainer-root)"
-    if not synth_missing and not Path(dumps_root).is_dir():  # as for the builtin trainer (runtime.cli.missing_input)
+    if not synth_missing and not Path(dumps_root).is_dir():  # as run_inputs.missing_input for the builtin trainer
         return f"{file}: dumps root {dumps_root} does not exist; pass --dumps-root DIR, or --synth-missing"
     return None
 
@@ -179,13 +179,13 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
     """``forge-replay run`` for a slime / miles job whose input :func:`input_problem` accepted, with its results
     folder held (the caller's lock, the previous run's files set aside): its exit status (0 succeeded, 1 failed,
     2 unusable input or dumps that verify refused, 3 an unmet spec.expect)."""
-    from forge_replay.runtime.cli import EXIT_FAILED, EXIT_UNUSABLE, _Unusable, synthesize_if_absent
+    from forge_replay.runtime.run_inputs import EXIT_FAILED, EXIT_UNUSABLE, Unusable, synthesize_if_absent
 
     spec = job.spec
     if synth_missing:
         try:
             synthesize_if_absent(job, dumps_root, err)
-        except _Unusable as exc:
+        except Unusable as exc:
             err(f"{file}: {exc}")
             return EXIT_UNUSABLE
     if spec.replay.verify and not verified(job, dumps_root, model_root, err):
@@ -204,31 +204,21 @@ def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[s
     """Run the verify Job's check (`forge-replay dumps verify` with the job's settings and the framework's acceptance
     rules) here, on the local dumps; what it prints goes to the user. A model folder missing here leaves the model's
     limits unchecked (the team's script loads the model, not forge-replay), with a note."""
-    import click
-
-    from forge_replay.controller.render import verify_command
-    from forge_replay.dumps.cli import dumps
+    from forge_replay.dumps.verify_request import EXIT_OK, VerifyRequest, run_verify
 
     model_path = job.spec.model.path
     if model_path and not (model_root and Path(model_root, model_path).is_dir()):
         err(f"note: spec.model.path {model_path} is not under --model-root here: dumps are checked without the model's "
             "vocabulary and positions")
         model_root = None
-    argv = verify_command(job, dumps_root=os.path.abspath(dumps_root),
-                          model_root=os.path.abspath(model_root) if model_root else None, in_pod=False)
-    try:
-        dumps.main(argv[2:], prog_name="forge-replay dumps", standalone_mode=False)
-    except SystemExit as exc:
-        return exc.code in (0, None)
-    except click.ClickException as exc:
-        exc.show()
-        return False
-    return True
+    request = VerifyRequest.for_job(job, dumps_root=os.path.abspath(dumps_root),
+                                    model_root=os.path.abspath(model_root) if model_root else None, in_pod=False)
+    return run_verify(request) == EXIT_OK
 
 
 def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], None]) -> int:
     """0, or 3 (``run``'s status for an unmet spec.expect) when the publish step's verdict failed or is missing."""
-    from forge_replay.runtime.cli import EXIT_EXPECTATIONS, EXIT_OK
+    from forge_replay.runtime.run_inputs import EXIT_EXPECTATIONS, EXIT_OK
     from forge_replay.verdict.checks import missing_verdict, unmet_line
 
     if spec.expect is None:

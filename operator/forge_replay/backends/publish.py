@@ -28,7 +28,7 @@ from typing import Any
 
 from forge_replay.frameworks.flags import BACKENDS
 from forge_replay.backends.probe import memory_peak
-from forge_replay.runtime.results import now_rfc3339, write_atomically
+from forge_replay.dumps.writing import now_rfc3339, write_atomically
 from forge_replay.verdict.checks import Check, Limits, check_report, unmet_line
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")

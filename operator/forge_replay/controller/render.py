@@ -22,6 +22,7 @@ from forge_replay.backends.publish import PROBE_FOLDER
 from forge_replay.controller import naming
 from forge_replay.controller.settings import OperatorSettings
 from forge_replay.dumps.verify_record import RECORD_FILE
+from forge_replay.dumps.verify_request import verify_command
 
 ENTRYPOINT = f"python -m forge_replay.runtime --config {paths.CONFIG_PATH}"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -166,51 +167,6 @@ def runtime_rbac(job: ForgeReplayJob, settings: OperatorSettings) -> list[dict[s
     return [account, role, binding]
 
 
-def verify_command(job: ForgeReplayJob, dumps_root: str = paths.DUMPS_MOUNT, model_root: str | None = paths.MODEL_MOUNT,
-                   in_pod: bool = True) -> list[str]:
-    """The `forge-replay dumps verify` command line of the pre-flight Job; with other roots and ``in_pod=False``
-    (no --jobs, no --record), the same check on this machine (`forge-replay run` of a slime / miles job).
-    ``model_root`` None leaves a model path out (its vocabulary and positions are then not checked)."""
-    replay = job.spec.replay
-    command = [
-        "forge-replay", "dumps", "verify",
-        "--root", dumps_root,
-        "--path", replay.dumps.path,
-        "--num-rollouts", str(replay.num_rollouts),
-    ]  # fmt: skip
-    if replay.start_rollout_id:
-        command += ["--start-rollout-id", str(replay.start_rollout_id)]
-    if replay.eval_interval:
-        command += ["--eval-interval", str(replay.eval_interval)]
-    if replay.eval_before_train:
-        command.append("--eval-before-train")
-    if not replay.dumps.fallback_to_first:
-        command.append("--no-fallback")
-    # The job's settings, so every train dump goes through the trainer's own conversion (dumps/convert.Conversion):
-    # dict rewards under the keys training and eval read (a dict reward without rewardKey is refused), groups as
-    # trainer.nSamplesPerPrompt makes them, tokens within the model's vocabulary and positions (its config).
-    command += ["--reward-key", replay.reward_key] if replay.reward_key else ["--no-reward-key"]
-    if replay.eval_reward_key:
-        command += ["--eval-reward-key", replay.eval_reward_key]
-    if job.spec.trainer.n_samples_per_prompt:
-        command += ["--n-samples-per-prompt", str(job.spec.trainer.n_samples_per_prompt)]
-    trainer = job.spec.trainer
-    if trainer.backend != "builtin":  # the framework's own eval before training and acceptance rules
-        command += ["--backend", trainer.backend, "--trainer-args", json.dumps(trainer.args, separators=(",", ":"))]
-    model = job.spec.model
-    if model.config is not None:
-        command += ["--model-config", json.dumps(model.config, sort_keys=True, separators=(",", ":"))]
-    elif model.path and model_root is not None:
-        command += ["--model", f"{model_root}/{model.path}"]
-    if not in_pod:
-        return command
-    command += ["--jobs", str(replay.verify_resources.cpus)]  # one worker per CPU it requests
-    record = _verify_record(job)
-    if record:
-        command += ["--record", record]
-    return command
-
-
 def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any]:
     """Batch Job ``<name>-verify``: checks every needed dump exists and loads, before any GPU is asked for."""
     name = naming.verify_job_name(_name(job))
@@ -218,7 +174,7 @@ def verify_job(job: ForgeReplayJob, settings: OperatorSettings) -> dict[str, Any
         "name": "verify",
         "image": settings.image_for(job.spec.image),
         "imagePullPolicy": "IfNotPresent",
-        "command": verify_command(job),
+        "command": verify_command(job, record=_verify_record(job)),
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *_user_env(job)],
         "resources": _verify_resources(job),
         "securityContext": _container_security(),

@@ -242,10 +242,39 @@ def _memo_key(data: bytes, pos: int, end: int, kind: int) -> int:
     return int.from_bytes(data[pos + 1 : end], "little")
 
 
+class _Within:
+    """The bounds of one pickle's values: its limits, with the expansion as bytes of this pickle."""
+
+    __slots__ = ("max_size", "max_depth", "max_key", "expansion", "pickle_bytes")
+
+    def __init__(self, limits: Limits, pickle_bytes: int):
+        self.max_size = max(limits.max_expansion * pickle_bytes, 1 << 20)
+        self.max_depth, self.max_key = limits.max_depth, limits.max_key_bytes
+        self.expansion, self.pickle_bytes = limits.max_expansion, pickle_bytes
+
+    def check(self, value: list[int]) -> None:
+        """Raise BoundsError when ``value`` ([expanded size, depth]) nests or expands beyond the limits."""
+        if value[0] > self.max_size or value[1] > self.max_depth:
+            if value[1] > self.max_depth:
+                raise BoundsError(f"values nest deeper than {self.max_depth} levels", "max_depth")
+            raise BoundsError(
+                f"a value expands to more than {self.max_size} bytes through shared references "
+                f"({self.expansion}x the pickle's {self.pickle_bytes} bytes)",
+                "max_expansion",
+            )
+
+    def check_keys(self, keys: list[list[int]]) -> None:
+        """Raise BoundsError when a dict key expands beyond ``max_key_bytes``."""
+        if any(key[0] > self.max_key for key in keys):
+            raise self.key_too_big()
+
+    def key_too_big(self) -> BoundsError:
+        return BoundsError(f"a dict key expands to more than {self.max_key} bytes", "max_key_bytes")
+
+
 def check_pickle(data: bytes, limits: Limits) -> None:
     """Refuse (BoundsError) a pickle whose values nest or expand beyond ``limits``, without building it."""
-    max_size = max(limits.max_expansion * len(data), 1 << 20)
-    max_depth, max_key = limits.max_depth, limits.max_key_bytes
+    within = _Within(limits, len(data))
     stack: list[list[int]] = []  # one [expanded size, depth] per value; containers' entries grow in place
     push = stack.append
     marks: list[int] = []  # stack positions of the MARKs
@@ -253,20 +282,12 @@ def check_pickle(data: bytes, limits: Limits) -> None:
     pos, end, run_end = 0, len(data), 0
     fast_end = end - 9  # the fast paths below read at most 9 bytes without checking the end
 
-    def too_big(value: list[int]) -> BoundsError:
-        if value[1] > max_depth:
-            return BoundsError(f"values nest deeper than {max_depth} levels", "max_depth")
-        return BoundsError(
-            f"a value expands to more than {max_size} bytes through shared references "
-            f"({limits.max_expansion}x the pickle's {len(data)} bytes)",
-            "max_expansion",
-        )
-
     while pos < end:
         code = data[pos]
         # Fast paths for the opcodes that make up a structured dump (numbers, memo reads and writes, strings, marks,
-        # tuples, dict and list items): the same rules as the general path below, without its table lookups.
-        # Anything malformed, rare or near the end of the data takes the general path, which names the problem.
+        # tuples, dict and list items): the same rules as the general path (_general_step), without its table
+        # lookups. Anything malformed, rare or near the end of the data takes the general path, which names the
+        # problem.
         if code in _RUN_START:
             width = _WIDTHS[code]
             if pos < run_end or (pos + width < end and data[pos + width] not in _RUN_START):
@@ -318,105 +339,133 @@ def check_pickle(data: bytes, limits: Limits) -> None:
                 pos += 1
                 continue
             elif code == _SETITEMS or code == _APPENDS:
-                if marks and marks[-1] > (marks[-2] if len(marks) > 1 else 0):
-                    bottom = marks.pop()
-                    items = stack[bottom:]
-                    del stack[bottom:]
-                    container = stack[-1]
-                    if items:
-                        if code == _SETITEMS:
-                            for key_value in items[0::2]:
-                                if key_value[0] > max_key:
-                                    raise BoundsError(
-                                        f"a dict key expands to more than {max_key} bytes", "max_key_bytes"
-                                    )
-                        size, depth = container[0] + 1, container[1]
-                        for item in items:
-                            size += item[0]
-                            if item[1] >= depth:
-                                depth = item[1] + 1
-                        container[0], container[1] = size, depth
-                        if size > max_size or depth > max_depth:
-                            raise too_big(container)
+                if _add_marked_items(code == _SETITEMS, stack, marks, within):
                     pos += 1
                     continue
             elif code in _COMBINE_TOP:
-                count = _COMBINE_TOP[code]
-                floor = marks[-1] if marks else 0
-                if len(stack) - count >= floor:
-                    size, depth = 1, 0
-                    for item in stack[len(stack) - count :]:
-                        size += item[0]
-                        if item[1] >= depth:
-                            depth = item[1] + 1
-                    value = [size, depth]
-                    if size > max_size or depth > max_depth:
-                        raise too_big(value)
-                    stack[len(stack) - count :] = [value]
+                if _combine_top(_COMBINE_TOP[code], stack, marks, within):
                     pos += 1
                     continue
-        entry = _OPS.get(code)
-        if entry is None:
-            raise BoundsError(f"malformed pickle: unknown opcode {bytes([code])!r} at byte {pos}")
-        name, kind, prefix, marked, pushes, category = entry
-        arg_end = pos + 1 + kind if kind >= 0 else _arg_end(data, pos, name, kind)  # fixed-size args inline
-        if arg_end > end:
-            raise BoundsError(f"malformed pickle: {name} at byte {pos} runs past the end")
-        size = arg_end - pos
-        if category == _NEW and not prefix and not marked:  # a leaf: number, string, empty container, global
-            push([size, 0])
-        elif category == _MEMO_PUT or category == _MEMOIZE:
-            if not stack or (marks and marks[-1] == len(stack)):
-                raise BoundsError(f"malformed pickle: memo store on an empty stack at byte {pos}")
-            memo[len(memo) if category == _MEMOIZE else _memo_key(data, pos, arg_end, kind)] = stack[-1]
-        elif category == _MEMO_GET:
-            value = memo.get(_memo_key(data, pos, arg_end, kind))
-            if value is None:
-                raise BoundsError(f"malformed pickle: memo key read before it is set at byte {pos}")
-            push(value)
-        elif category == _MARK_OP:
-            marks.append(len(stack))
-        elif category == _POP and marks and marks[-1] == len(stack):
-            marks.pop()
-        elif category == _NOTHING:
-            pass
-        elif category == _STOP:
+        after = _general_step(data, pos, code, stack, marks, memo, within)
+        if after is None:
             return
-        else:
-            items = []
-            if marked:
-                if not marks:
-                    raise BoundsError(f"malformed pickle: {name} without a MARK at byte {pos}")
-                bottom = marks.pop()
-                items = stack[bottom:]
-                del stack[bottom:]
-            floor = marks[-1] if marks else 0
-            if len(stack) - prefix < floor:
-                raise BoundsError(f"malformed pickle: stack underflow at {name}, byte {pos}")
-            popped = stack[len(stack) - prefix :] if prefix else []
-            if prefix:
-                del stack[len(stack) - prefix :]
-            if category == _IN_PLACE:
-                container, others = popped[0], popped[1:] + items
-                if name in ("SETITEM", "SETITEMS") and any(k[0] > max_key for k in others[0::2]):
-                    raise BoundsError(f"a dict key expands to more than {max_key} bytes", "max_key_bytes")
-                if others:
-                    container[0] += size + sum(v[0] for v in others)
-                    container[1] = max(container[1], 1 + max(v[1] for v in others))
-                    if container[0] > max_size or container[1] > max_depth:
-                        raise too_big(container)
-                push(container)
-            elif category == _POP or category == _POP_MARK:
-                pass
-            elif category == _DUP:
-                stack.extend(popped * 2)
-            else:
-                children = popped + items
-                if name == "DICT" and any(k[0] > max_key for k in items[0::2]):
-                    raise BoundsError(f"a dict key expands to more than {max_key} bytes", "max_key_bytes")
-                value = [size + sum(v[0] for v in children), 1 + max((v[1] for v in children), default=-1)]
-                if value[0] > max_size or value[1] > max_depth:
-                    raise too_big(value)
-                stack.extend([value] * pushes)
-        pos = arg_end
+        pos = after
     raise BoundsError("malformed pickle: no STOP opcode")
+
+
+def _add_marked_items(dict_items: bool, stack: list[list[int]], marks: list[int], within: _Within) -> bool:
+    """SETITEMS / APPENDS: the items above the last MARK go into the container below it; False (nothing done) when
+    the stack does not have that shape (the general path then says what is wrong)."""
+    if not (marks and marks[-1] > (marks[-2] if len(marks) > 1 else 0)):
+        return False
+    bottom = marks.pop()
+    items = stack[bottom:]
+    del stack[bottom:]
+    container = stack[-1]
+    if items:
+        if dict_items:
+            max_key = within.max_key
+            for key in items[0::2]:
+                if key[0] > max_key:
+                    raise within.key_too_big()
+        size, depth = container[0] + 1, container[1]
+        for item in items:
+            size += item[0]
+            if item[1] >= depth:
+                depth = item[1] + 1
+        container[0], container[1] = size, depth
+        if size > within.max_size or depth > within.max_depth:  # compared here: a call would cost on every container
+            within.check(container)
+    return True
+
+
+def _combine_top(count: int, stack: list[list[int]], marks: list[int], within: _Within) -> bool:
+    """TUPLE1-3, REDUCE, NEWOBJ: the top ``count`` values become one value holding them; False (nothing done) when
+    fewer are above the last MARK."""
+    if len(stack) - count < (marks[-1] if marks else 0):
+        return False
+    size, depth = 1, 0
+    for item in stack[len(stack) - count :]:
+        size += item[0]
+        if item[1] >= depth:
+            depth = item[1] + 1
+    value = [size, depth]
+    if size > within.max_size or depth > within.max_depth:
+        within.check(value)
+    stack[len(stack) - count :] = [value]
+    return True
+
+
+def _general_step(data: bytes, pos: int, code: int, stack: list[list[int]], marks: list[int],
+                  memo: dict[int, list[int]], within: _Within) -> int | None:
+    """Simulate the opcode at ``pos`` on the stack, marks and memo, by its entry in pickletools' table; where the
+    next opcode starts, or None at STOP. Raises BoundsError for a value beyond the limits or a malformed pickle."""
+    entry = _OPS.get(code)
+    if entry is None:
+        raise BoundsError(f"malformed pickle: unknown opcode {bytes([code])!r} at byte {pos}")
+    name, kind, prefix, marked, pushes, category = entry
+    arg_end = pos + 1 + kind if kind >= 0 else _arg_end(data, pos, name, kind)  # fixed-size args inline
+    if arg_end > len(data):
+        raise BoundsError(f"malformed pickle: {name} at byte {pos} runs past the end")
+    size = arg_end - pos
+    if category == _NEW and not prefix and not marked:  # a leaf: number, string, empty container, global
+        stack.append([size, 0])
+    elif category == _MEMO_PUT or category == _MEMOIZE:
+        if not stack or (marks and marks[-1] == len(stack)):
+            raise BoundsError(f"malformed pickle: memo store on an empty stack at byte {pos}")
+        memo[len(memo) if category == _MEMOIZE else _memo_key(data, pos, arg_end, kind)] = stack[-1]
+    elif category == _MEMO_GET:
+        value = memo.get(_memo_key(data, pos, arg_end, kind))
+        if value is None:
+            raise BoundsError(f"malformed pickle: memo key read before it is set at byte {pos}")
+        stack.append(value)
+    elif category == _MARK_OP:
+        marks.append(len(stack))
+    elif category == _POP and marks and marks[-1] == len(stack):
+        marks.pop()
+    elif category == _NOTHING:
+        pass
+    elif category == _STOP:
+        return None
+    else:
+        _pop_and_push(data, pos, name, size, prefix, marked, pushes, category, stack, marks, within)
+    return arg_end
+
+
+def _pop_and_push(data: bytes, pos: int, name: str, size: int, prefix: int, marked: bool, pushes: int,
+                  category: int, stack: list[list[int]], marks: list[int], within: _Within) -> None:
+    """An opcode that takes values off the stack (down to its MARK when ``marked``, then ``prefix`` more) and puts
+    back what it makes of them: the container it filled, nothing, a copy, or a new value holding them."""
+    items = []
+    if marked:
+        if not marks:
+            raise BoundsError(f"malformed pickle: {name} without a MARK at byte {pos}")
+        bottom = marks.pop()
+        items = stack[bottom:]
+        del stack[bottom:]
+    floor = marks[-1] if marks else 0
+    if len(stack) - prefix < floor:
+        raise BoundsError(f"malformed pickle: stack underflow at {name}, byte {pos}")
+    popped = stack[len(stack) - prefix :] if prefix else []
+    if prefix:
+        del stack[len(stack) - prefix :]
+    if category == _IN_PLACE:
+        container, others = popped[0], popped[1:] + items
+        if name in ("SETITEM", "SETITEMS"):
+            within.check_keys(others[0::2])
+        if others:
+            container[0] += size + sum(v[0] for v in others)
+            container[1] = max(container[1], 1 + max(v[1] for v in others))
+            within.check(container)
+        stack.append(container)
+    elif category == _POP or category == _POP_MARK:
+        pass
+    elif category == _DUP:
+        stack.extend(popped * 2)
+    else:
+        children = popped + items
+        if name == "DICT":
+            within.check_keys(items[0::2])
+        value = [size + sum(v[0] for v in children), 1 + max((v[1] for v in children), default=-1)]
+        within.check(value)
+        stack.extend([value] * pushes)

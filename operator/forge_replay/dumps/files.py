@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge_replay.dumps.bounds import Limits, quote
+from forge_replay.dumps.packed import is_packed, load_packed_raw
 from forge_replay.dumps.safe_pickle import DumpError, safe_load
 from forge_replay.dumps.sample import Sample, SampleError
+from forge_replay.dumps.writing import share_like_open
 
 
 @dataclass
@@ -31,11 +33,9 @@ def load_raw(path: str | os.PathLike[str], limits: Limits | None = None) -> dict
     Packed dumps (``forge-replay dumps pack``) are read transparently; ``limits`` bound the work
     (see :mod:`forge_replay.dumps.bounds`). Raises DumpError.
     """
-    from forge_replay.dumps import packed
-
     path = os.fspath(path)
-    if packed.is_packed(path):
-        blob = packed.load_packed_raw(path, limits)
+    if is_packed(path):
+        blob = load_packed_raw(path, limits)
     else:
         blob = safe_load(path, limits)
     check_top_level(blob, path)
@@ -66,14 +66,6 @@ def load(path: str | os.PathLike[str], limits: Limits | None = None) -> Dump:
     blob = load_raw(path, limits)
     samples = [Sample.from_dict(d, index=i, where=path) for i, d in enumerate(blob["samples"])]
     return Dump(rollout_id=blob["rollout_id"], samples=samples, path=path, metadata=blob.get("metadata") or {})
-
-
-def share_like_open(fd: int) -> None:
-    """Give a ``mkstemp`` file (always 0600) the mode ``open()`` would: 0666 less the umask, so runtime pods of
-    another uid can read dumps written to a shared PVC."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
 
 
 def save(

@@ -16,6 +16,7 @@ import importlib
 from typing import Any
 
 from forge_replay.dumps.bounds import quote
+from forge_replay.dumps.refusal import Refused
 
 # Upstream dataclasses kept as records: "module.Name" (radixark/miles miles/utils/types.py @ 31f1ca96).
 RECORD_CLASSES: frozenset[str] = frozenset({"miles.utils.types.AdapterRef", "miles.utils.types.RewardSpec"})
@@ -47,20 +48,14 @@ _MODE_BITS = {
 }
 
 
-def _refused(message: str) -> Exception:
-    from forge_replay.dumps.safe_pickle import Refused
-
-    return Refused(message)
-
-
 class _SealedClass(type):
     """Metaclass of every class the loader hands out here: a pickle's BUILD cannot set or delete its attributes."""
 
     def __setattr__(cls, name: str, value: Any) -> None:
-        raise _refused(f"the pickle sets attribute {quote(name)} of class {cls.__qualname__}, which is read-only")
+        raise Refused(f"the pickle sets attribute {quote(name)} of class {cls.__qualname__}, which is read-only")
 
     def __delattr__(cls, name: str) -> None:
-        raise _refused(f"the pickle deletes attribute {quote(name)} of class {cls.__qualname__}, which is read-only")
+        raise Refused(f"the pickle deletes attribute {quote(name)} of class {cls.__qualname__}, which is read-only")
 
 
 class _Inert(metaclass=_SealedClass):
@@ -71,7 +66,7 @@ class _Inert(metaclass=_SealedClass):
 
     def __new__(cls, upstream: str) -> Any:
         if upstream not in cls.ALLOWED:
-            raise _refused(f"{cls.__name__} of {quote(upstream)}: not an allowlisted class")
+            raise Refused(f"{cls.__name__} of {quote(upstream)}: not an allowlisted class")
         self = object.__new__(cls)
         object.__setattr__(self, "_class", upstream)
         object.__setattr__(self, "_filled", False)
@@ -84,16 +79,16 @@ class _Inert(metaclass=_SealedClass):
 
     def _fill(self, **values: Any) -> None:
         if self._filled:
-            raise _refused(f"the pickle sets the state of {self._class} twice")
+            raise Refused(f"the pickle sets the state of {self._class} twice")
         for name, value in values.items():
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_filled", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise _refused(f"the pickle sets attribute {quote(name)} of a {self._class}, which is read-only")
+        raise Refused(f"the pickle sets attribute {quote(name)} of a {self._class}, which is read-only")
 
     def __delattr__(self, name: str) -> None:
-        raise _refused(f"the pickle deletes attribute {quote(name)} of a {self._class}, which is read-only")
+        raise Refused(f"the pickle deletes attribute {quote(name)} of a {self._class}, which is read-only")
 
 
 class DumpRecord(_Inert):
@@ -116,12 +111,12 @@ class DumpRecord(_Inert):
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
             first, slots = state
             if first is not None and not isinstance(first, dict):
-                raise _refused(f"{self._class} state {quote(state)}: expected field values")
+                raise Refused(f"{self._class} state {quote(state)}: expected field values")
             state = {**(first or {}), **slots}
         if not isinstance(state, dict) or not all(isinstance(k, str) and k.isidentifier() for k in state):
-            raise _refused(f"{self._class} state {quote(state)}: expected a dict of field values")
+            raise Refused(f"{self._class} state {quote(state)}: expected a dict of field values")
         if any(k.startswith("_") for k in state):
-            raise _refused(f"{self._class} state {quote(sorted(state))}: fields may not start with '_'")
+            raise Refused(f"{self._class} state {quote(sorted(state))}: fields may not start with '_'")
         self._fill(_values=dict(state))
 
     @property
@@ -168,24 +163,24 @@ class DumpImage(_Inert):
     def __setstate__(self, state: Any) -> None:
         # PIL's Image.__getstate__: [info, mode, size, palette, data], ImageFile's adds the filename.
         if not isinstance(state, (list, tuple)) or len(state) not in (5, 6):
-            raise _refused(f"{self._class} state {quote(state)}: expected [info, mode, size, palette, data]")
+            raise Refused(f"{self._class} state {quote(state)}: expected [info, mode, size, palette, data]")
         info, mode, size, palette, data = state[:5]
         filename = state[5] if len(state) == 6 else None
         if not isinstance(info, dict) or not all(isinstance(k, str) for k in info):
-            raise _refused(f"{self._class} info {quote(info)}: expected a dict with string keys")
+            raise Refused(f"{self._class} info {quote(info)}: expected a dict with string keys")
         if mode not in _MODE_BITS:
-            raise _refused(f"{self._class} mode {quote(mode)}: not a plain image mode")
+            raise Refused(f"{self._class} mode {quote(mode)}: not a plain image mode")
         if not (isinstance(size, tuple) and len(size) == 2 and all(type(n) is int and n >= 0 for n in size)):
-            raise _refused(f"{self._class} size {quote(size)}: expected (width, height)")
+            raise Refused(f"{self._class} size {quote(size)}: expected (width, height)")
         if palette is not None and not (isinstance(palette, list) and all(type(v) is int for v in palette)):
-            raise _refused(f"{self._class} palette {quote(palette)}: expected a list of ints")
+            raise Refused(f"{self._class} palette {quote(palette)}: expected a list of ints")
         if filename is not None and not isinstance(filename, str):
-            raise _refused(f"{self._class} filename {quote(filename)}: expected a string")
+            raise Refused(f"{self._class} filename {quote(filename)}: expected a string")
         width, height = size
         expected = (width * _MODE_BITS[mode] + 7) // 8 * height
         if not isinstance(data, bytes) or len(data) != expected:
             got = len(data) if isinstance(data, bytes) else quote(data)
-            raise _refused(f"{self._class} of mode {mode} and size {size}: {got} pixel bytes, expected {expected}")
+            raise Refused(f"{self._class} of mode {mode} and size {size}: {got} pixel bytes, expected {expected}")
         self._fill(mode=mode, size=size, data=data, palette=palette, info=dict(info), filename=filename)
 
     @property
@@ -233,7 +228,7 @@ class _UpstreamName(metaclass=_SealedClass):
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         if args or kwargs:
-            raise _refused(f"{cls._name}{quote(args)}: only the pickled field state is allowed")
+            raise Refused(f"{cls._name}{quote(args)}: only the pickled field state is allowed")
         return cls._make(cls._name)
 
 

@@ -1,4 +1,4 @@
-"""A model's ``vocab_size`` and ``max_position_embeddings`` read from its config without importing transformers.
+"""A model's ``vocab_size`` and ``max_position_embeddings`` from its config, read without weights (:func:`model_limits`).
 
 verify needs two integers from a config; importing transformers' config classes for them costs seconds of start-up
 (more than loading a dump). For the common decoder model types below the two keys are read from the config dict or
@@ -6,14 +6,17 @@ verify needs two integers from a config; importing transformers' config classes 
 are those the trainer builds with (tests/unit/test_verify_record.py checks this table against the installed
 transformers). The keys read: ``vocab_size`` and ``max_position_embeddings`` (gpt2 also ``n_positions``, which its
 config maps to ``max_position_embeddings``); the model type from ``model_type``, else from ``architectures[0]``.
-Any other model type (multimodal configs nest their text model's keys) returns None: the caller asks transformers.
+Any other model type (multimodal configs nest their text model's keys) is read through transformers.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
-from forge_replay.dumps.convert import ModelLimits
+from forge_replay.dumps.convert import NO_LIMITS, ModelLimits
+from forge_replay.dumps.model_config import ModelError, config_from_dict
 
 TYPE_DEFAULTS: dict[str, tuple[int, int]] = {
     # model_type: (vocab_size, max_position_embeddings) of transformers' config class when the keys are absent
@@ -94,3 +97,51 @@ def limits_from_dict(config: dict[str, Any]) -> ModelLimits | None:
 def positive_limit(value: Any) -> int | None:
     """``value`` when it is a positive int (not a bool), else None: a limit that is not checked."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def model_limits(source: str | dict, *, builds_from_config: bool = False) -> tuple[ModelLimits, str]:
+    """The model's ``vocab_size`` and ``max_position_embeddings`` from its config, read without weights as the trainer
+    reads it (a ``spec.model.config`` dict, or the checkpoint directory's config.json), and ""; when the config
+    cannot be read, no limits and a note saying so (those checks are skipped: a trainer of another image may read
+    what this one cannot).
+
+    The common model types are read without importing transformers (:data:`TYPE_DEFAULTS`);
+    others, and a checkpoint given as a name in the local cache, through transformers' AutoConfig.
+
+    ``builds_from_config``: the builtin trainer builds its model from a config dict, so one that transformers refuses
+    is the spec's own error and raises ModelError (a ValueError), before Ray starts rather than in the trainer."""
+    where = "spec.model.config" if isinstance(source, dict) else source
+    try:
+        if isinstance(source, dict):
+            if builds_from_config:
+                config_from_dict(source)  # raises ModelError for a config the trainer cannot build
+            data = source
+        elif os.path.isdir(source):
+            with open(os.path.join(source, "config.json"), encoding="utf-8") as handle:
+                data = json.load(handle)
+            if not isinstance(data, dict):
+                raise ValueError(f"config.json holds a {type(data).__name__}, not an object")
+        else:
+            data = None  # a name in the local cache: transformers knows where
+        limits = limits_from_dict(data) if data is not None else None
+        if limits is None:
+            limits = _limits_through_transformers(source)
+    except Exception as exc:  # noqa: BLE001 - any reason a config cannot be read is reported, not fatal
+        if builds_from_config and isinstance(exc, ModelError):
+            raise
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        return NO_LIMITS, (f"cannot read the model config of {where} ({reason}); token ids and sequence "
+                           "lengths were not checked against the model's vocabulary and positions")
+    return limits, ""
+
+
+def _limits_through_transformers(source: str | dict) -> ModelLimits:
+    """What transformers' config class says (model types :data:`TYPE_DEFAULTS` does not hold)."""
+    if isinstance(source, dict):
+        config = config_from_dict(source)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    return ModelLimits(positive_limit(getattr(config, "vocab_size", None)),
+                       positive_limit(getattr(config, "max_position_embeddings", None)))

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from forge_replay.dumps.bounds import Limits, open_regular
-from forge_replay.dumps.files import share_like_open
 from forge_replay.dumps.safe_pickle import DumpError, open_dump, safe_load_bytes
+from forge_replay.dumps.writing import share_like_open
 
 MAGIC = b"FRPACK\x00\x01"
 FORMAT_VERSION = 1

@@ -33,6 +33,7 @@ import torch
 
 from forge_replay.dumps.bounds import BoundsError, Limits, check_pickle, default_limits, open_regular, quote, raise_hint
 from forge_replay.dumps.inert import upstream_globals
+from forge_replay.dumps.refusal import Refused
 from forge_replay.errors import Portable
 
 ZIP_MAGIC = b"PK\x03\x04"
@@ -51,10 +52,6 @@ class DumpError(Portable, Exception):
         if hint:
             message += f" ({hint})"
         super().__init__(message)
-
-
-class Refused(pickle.UnpicklingError):
-    """The pickle asks for something a dump may not do (a global, an attribute write, a foreign dtype)."""
 
 
 class RefusedGlobal(Portable, Refused):

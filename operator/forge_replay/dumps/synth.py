@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from forge_replay.api.dump_path import MAX_COMPONENT_BYTES, eval_path, is_template, train_path
 from forge_replay.dumps.bounds import quote
 from forge_replay.dumps.files import save
-from forge_replay.dumps.progress import progress_bar
+from forge_replay.dumps.progress_bars import progress_bar
 from forge_replay.dumps.sample import Sample
 
 DEFAULT_VOCAB_SIZE = 1000
@@ -30,7 +30,7 @@ def synth_samples(
     Each sample is an episode of its own: its ``rollout_id`` is its ``index``, as the frameworks number a rollout
     that leaves it unset. slime splits training steps by episode and fails on a rollout with fewer episodes than a
     step takes; miles wants one reward per episode in a group (the rules steps-split-by-episode and
-    rollout-shares-reward of backends/upstream_rules.json). The rollout the sample was made for is in
+    rollout-shares-reward of frameworks/upstream_rules.json). The rollout the sample was made for is in
     ``metadata["rollout_id"]``.
 
     Token ids are drawn from ``[0, vocab_size)`` (keep it small for tiny models). With ``ragged``,

@@ -5,7 +5,7 @@ With the job's settings (a :class:`~forge_replay.dumps.convert.Conversion`: the 
 without ``replay.rewardKey`` or without that key, token ids outside the model's vocabulary, samples longer than its
 positions, response lengths or loss masks that do not fit the tokens, groups that do not split, make the file
 unreadable, naming the rollout, file, sample and field. The model's limits come from its config, read without
-weights (:func:`model_limits`); a config that cannot be read is noted and those two checks skipped. Without the
+weights (:func:`~forge_replay.dumps.model_limits.model_limits`); a config that cannot be read is noted and those two checks skipped. Without the
 job's settings the per-sample checks run alone (:func:`~forge_replay.dumps.convert.check_samples`). Samples with an
 all-zero loss mask and a top-level ``rollout_id`` that is not the file's rollout are counted and noted. Eval trains
 nothing: an eval dump's rewards are read as the run reports them (:func:`eval_reward_problem`).
@@ -18,37 +18,19 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
 from forge_replay.dumps.acceptance import UpstreamSettings, refusals
 from forge_replay.dumps.bounds import Limits
-from forge_replay.dumps.convert import NO_LIMITS, Conversion, ModelLimits, check_samples, rollout_id_note
+from forge_replay.dumps.convert import Conversion, check_samples, rollout_id_note
+from forge_replay.dumps.evals import eval_rewards, replayed_eval_ids
 from forge_replay.dumps.files import load
-from forge_replay.dumps.model_limits import limits_from_dict, positive_limit
 from forge_replay.dumps.safe_pickle import DumpError
 from forge_replay.dumps.sample import Sample, SampleError
-from forge_replay.dumps.verify_record import Entry, read_record, record_key, stamp_of
+from forge_replay.dumps.verify_record import Entry, Stamp, read_record, record_key, stamp_of
 
 Status = Literal["ok", "missing", "fallback", "unreadable"]
-
-
-def replayed_eval_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int, eval_before_train: bool,
-                      backend: str = "builtin") -> list[int]:
-    """Every eval a run replays, in order: the one before the first step (when asked for, where ``backend``'s
-    train.py evaluates it) and those after rollouts."""
-    from forge_replay.replay import eval_before_train_id
-
-    first = eval_before_train_id(start_rollout_id, eval_interval, eval_before_train, backend)
-    after = eval_rollout_ids(start_rollout_id, num_rollouts, eval_interval)
-    return sorted(set(after) | ({first} if first is not None else set()))
-
-
-def eval_rollout_ids(start_rollout_id: int, num_rollouts: int, eval_interval: int) -> list[int]:
-    """Rollout ids after which eval N runs (reading ``eval_N``): ``(N + 1) % eval_interval == 0``, as slime."""
-    if eval_interval <= 0:
-        return []
-    return [n for n in range(start_rollout_id, start_rollout_id + num_rollouts) if (n + 1) % eval_interval == 0]
 
 
 def resolve(root: str | None, relative: str) -> str:
@@ -172,8 +154,6 @@ class VerifyReport:
 def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: bool) -> str:
     """Why an eval dump's rewards cannot be read as the run reads them (None is 0.0, dicts under ``reward_key``),
     or "". Dict rewards without a key are left alone unless ``dicts_need_key`` says the key is the job's."""
-    from forge_replay.replay import eval_rewards
-
     unread = Sample(reward=None)  # a dict reward whose key verify does not know: not read
     readable = samples if reward_key or dicts_need_key else [
         unread if isinstance(s.reward, dict) else s for s in samples]
@@ -185,62 +165,6 @@ def eval_reward_problem(samples: list, reward_key: str | None, dicts_need_key: b
     return "" if bad is None else f"eval sample {bad}: reward {rewards[bad]} is not a finite number"
 
 
-def model_limits(source: str | dict, *, builds_from_config: bool = False) -> tuple[ModelLimits, str]:
-    """The model's ``vocab_size`` and ``max_position_embeddings`` from its config, read without weights as the trainer
-    reads it (a ``spec.model.config`` dict, or the checkpoint directory's config.json), and ""; when the config
-    cannot be read, no limits and a note saying so (those checks are skipped: a trainer of another image may read
-    what this one cannot).
-
-    The common model types are read without importing transformers (:mod:`forge_replay.dumps.model_limits`);
-    others, and a checkpoint given as a name in the local cache, through transformers' AutoConfig.
-
-    ``builds_from_config``: the builtin trainer builds its model from a config dict, so one that transformers refuses
-    is the spec's own error and raises ModelError (a ValueError), before Ray starts rather than in the trainer."""
-    import json
-
-    where = "spec.model.config" if isinstance(source, dict) else source
-    try:
-        if isinstance(source, dict):
-            if builds_from_config:
-                from forge_replay.runtime.trainer.model import config_from_dict
-
-                config_from_dict(source)  # raises ModelError for a config the trainer cannot build
-            data = source
-        elif os.path.isdir(source):
-            with open(os.path.join(source, "config.json"), encoding="utf-8") as handle:
-                data = json.load(handle)
-            if not isinstance(data, dict):
-                raise ValueError(f"config.json holds a {type(data).__name__}, not an object")
-        else:
-            data = None  # a name in the local cache: transformers knows where
-        limits = limits_from_dict(data) if data is not None else None
-        if limits is None:
-            limits = _limits_through_transformers(source)
-    except Exception as exc:  # noqa: BLE001 - any reason a config cannot be read is reported, not fatal
-        from forge_replay.runtime.trainer.model import ModelError
-
-        if builds_from_config and isinstance(exc, ModelError):
-            raise
-        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        return NO_LIMITS, (f"cannot read the model config of {where} ({reason}); token ids and sequence "
-                           "lengths were not checked against the model's vocabulary and positions")
-    return limits, ""
-
-
-def _limits_through_transformers(source: str | dict) -> ModelLimits:
-    """What transformers' config class says (model types :mod:`~forge_replay.dumps.model_limits` does not know)."""
-    if isinstance(source, dict):
-        from forge_replay.runtime.trainer.model import config_from_dict
-
-        config = config_from_dict(source)
-    else:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(source, local_files_only=True)
-    return ModelLimits(positive_limit(getattr(config, "vocab_size", None)),
-                       positive_limit(getattr(config, "max_position_embeddings", None)))
-
-
 @dataclass(frozen=True)
 class FileSettings:
     """What a file's verdict depends on besides its bytes: the conversion (reward key, samples per prompt, the model's
@@ -250,7 +174,7 @@ class FileSettings:
     reward_key: str | None
     eval_reward_key: str | None
     limits: Limits
-    upstream: UpstreamSettings | None = None  # a slime / miles job's acceptance rules (backends/acceptance.py)
+    upstream: UpstreamSettings | None = None  # a slime / miles job's acceptance rules (dumps/acceptance.py)
 
     def to_dict(self) -> dict:
         c = self.conversion
@@ -382,7 +306,7 @@ def _verify_files(files: list[tuple[str, str]], sizes: dict[str, int], settings:
                   progress: bool) -> dict[tuple[str, str], FileResult]:
     """Verify each (path, kind), ``workers`` processes at a time, one file per worker (so memory stays within the
     largest file's times the workers); in this process when one worker is enough."""
-    from forge_replay.dumps.progress import byte_progress
+    from forge_replay.dumps.progress_bars import byte_progress
 
     results: dict[tuple[str, str], FileResult] = {}
     total = sum(sizes.get(path, 0) for path, _ in files)
@@ -458,7 +382,7 @@ def verify_dumps(
     ``eval_before_train`` (spec.replay.evalBeforeTrain) the eval replayed before the first step is checked too, where
     ``backend``'s train.py evaluates it (miles: at ``start_rollout_id``; slime and builtin: only at 0). ``notes``
     (checks skipped, e.g. an unreadable model config) are carried into the report. With ``upstream`` (a slime / miles
-    job's settings) every train dump must also pass that framework's own acceptance rules (backends/acceptance.py),
+    job's settings) every train dump must also pass that framework's own acceptance rules (dumps/acceptance.py),
     which are stricter than forge-replay's trainer in places. ``jobs`` worker processes verify files in
     parallel. ``trust``: the path of a verify record (:mod:`~forge_replay.dumps.verify_record`; None: there is none)
     whose files are not verified again when unchanged; False (the default) verifies everything without a word.
@@ -466,6 +390,32 @@ def verify_dumps(
     """
     from forge_replay.dumps.bounds import default_limits
 
+    _check_arguments(root, template, num_rollouts, start_rollout_id, eval_interval)
+    began = time.perf_counter()
+    if conversion is not None:
+        reward_key = conversion.reward_key
+    settings = FileSettings(conversion, reward_key, eval_reward_key, limits or default_limits(), upstream)
+    report = VerifyReport(template=template, root=root, notes=list(notes), settings=settings)
+    rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
+    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train, backend)
+    planned = _plan(root, template, rollout_ids, eval_ids, fallback)
+    files = list(dict.fromkeys((p.used, p.kind) for p in planned if p.used is not None))
+    stamps = {path: stamp_of(path) for path, _ in files}
+    to_verify = _take_trusted(report, files, stamps, trust)
+    _verify_the_rest(report, to_verify, stamps, jobs, progress)
+    report.entries = {
+        (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out)
+        for (path, kind), result in report.results.items()
+        if not result.error and result.samples is not None and stamps[path] is not None
+    }
+    report.checks.extend(_file_check(p, report.results) for p in planned)
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def _check_arguments(root: str | None, template: str, num_rollouts: int, start_rollout_id: int,
+                     eval_interval: int) -> None:
+    """Raise ValueError for an invalid dump path or counts."""
     problem = path_problem(template if root else template.lstrip("/"))
     if problem:
         raise ValueError(f"dump path {template!r} {problem}")
@@ -474,74 +424,87 @@ def verify_dumps(
     if eval_interval > 0 and not is_template(template):
         raise ValueError(f"eval_interval > 0 needs a {{rollout_id}} template; {template!r} is a literal path")
 
-    began = time.perf_counter()
-    if conversion is not None:
-        reward_key = conversion.reward_key
-    settings = FileSettings(conversion, reward_key, eval_reward_key, limits or default_limits(), upstream)
-    report = VerifyReport(template=template, root=root, notes=list(notes), settings=settings)
-    rollout_ids = range(start_rollout_id, start_rollout_id + num_rollouts)
-    eval_ids = replayed_eval_ids(start_rollout_id, num_rollouts, eval_interval, eval_before_train, backend)
 
-    # What each rollout and eval reads: (kind, id, path, status, message, file read or None, expected rollout_id)
-    planned: list[tuple[str, int, str, Status, str, str | None, int | None]] = []
+class PlannedFile(NamedTuple):
+    """What one rollout or eval reads, before any file is: its path, its status so far, the file it reads (the
+    rollout-0 file on a fallback; None: none) and the rollout_id that file stands for (None: any)."""
+
+    kind: Literal["train", "eval"]
+    rollout_id: int
+    path: str
+    status: Status
+    message: str
+    used: str | None
+    expected: int | None
+
+
+def _plan(root: str | None, template: str, rollout_ids: range, eval_ids: list[int],
+          fallback: bool) -> list[PlannedFile]:
+    """The file each training rollout reads (its own, rollout 0's on a fallback, or none) and each eval's."""
+    planned: list[PlannedFile] = []
     first = resolve(root, train_path(template, 0))
     for n in rollout_ids:
         path = resolve(root, train_path(template, n))
         expected = n if is_template(template) else None  # a literal path is every rollout's file
         if os.path.exists(path):
-            planned.append(("train", n, path, "ok", "", path, expected))
+            planned.append(PlannedFile("train", n, path, "ok", "", path, expected))
         elif fallback and is_template(template) and os.path.exists(first):
             message = f"missing; rollout 0's file {first} is used instead"
-            planned.append(("train", n, path, "fallback", message, first, 0))
+            planned.append(PlannedFile("train", n, path, "fallback", message, first, 0))
         else:
             hint = "" if fallback or not is_template(template) else " (fallback to rollout 0 is off)"
-            planned.append(("train", n, path, "missing", f"file does not exist{hint}", None, None))
+            planned.append(PlannedFile("train", n, path, "missing", f"file does not exist{hint}", None, None))
     for n in eval_ids:
         path = resolve(root, eval_path(template, n) or "")
         if os.path.exists(path):
-            planned.append(("eval", n, path, "ok", "", path, n))
+            planned.append(PlannedFile("eval", n, path, "ok", "", path, n))
         else:
             message = "file does not exist: eval replays as an empty result"
-            planned.append(("eval", n, path, "missing", message, None, None))
+            planned.append(PlannedFile("eval", n, path, "missing", message, None, None))
+    return planned
 
-    files = list(dict.fromkeys((used, kind) for kind, _, _, _, _, used, _ in planned if used is not None))
-    stamps = {path: stamp_of(path) for path, _ in files}
+
+def _take_trusted(report: VerifyReport, files: list[tuple[str, str]], stamps: dict[str, Stamp | None],
+                  trust: str | None | Literal[False]) -> list[tuple[str, str]]:
+    """Take into ``report`` the results the verify record ``trust`` holds for files unchanged since; the (path, kind)
+    left to verify, each noted in ``report.verified`` with why it was not trusted."""
     if trust is not False:
-        record = read_record(trust, settings.to_dict())
+        record = read_record(trust, report.settings.to_dict())
         report.record, report.record_note = record.path, record.note
     to_verify = []
     for path, kind in files:
-        entry, reason = (None, "") if trust is False else record.entry_for(record_key(path, root), kind, stamps[path])
+        entry, reason = ((None, "") if trust is False
+                         else record.entry_for(record_key(path, report.root), kind, stamps[path]))
         if entry is not None:
             report.results[(path, kind)] = FileResult(entry.samples, "", entry.rollout_id, entry.masked_out)
             report.trusted.append(path)
         else:
             to_verify.append((path, kind))
             report.verified[path] = reason
+    return to_verify
+
+
+def _verify_the_rest(report: VerifyReport, to_verify: list[tuple[str, str]], stamps: dict[str, Stamp | None],
+                     jobs: int, progress: bool) -> None:
+    """Verify ``to_verify`` into ``report.results``, with as many of ``jobs`` worker processes as memory holds."""
     sizes = {path: stamp.size for path, stamp in stamps.items() if stamp is not None}
     largest = max((sizes.get(path, 0) for path, _ in to_verify), default=0)
     workers, capped = worker_count(jobs, len(to_verify), largest, available_memory() if jobs > 1 else None)
     if capped:
         report.notes.append(capped)
     report.workers = workers
-    report.results.update(_verify_files(to_verify, sizes, settings, workers, progress))
-    report.entries = {
-        (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out)
-        for (path, kind), result in report.results.items()
-        if not result.error and result.samples is not None and stamps[path] is not None
-    }
+    report.results.update(_verify_files(to_verify, sizes, report.settings, workers, progress))
 
-    for kind, n, path, status, message, used, expected in planned:
-        if used is None:
-            report.checks.append(FileCheck(kind, n, path, status, message))
-            continue
-        result = report.results[(used, kind)]
-        if result.error:
-            status, message = "unreadable", result.error
-        note = "" if result.error or result.rollout_id is None else rollout_id_note(result.rollout_id, expected)
-        if note:
-            message = f"{message}; {note}" if message else note
-        report.checks.append(FileCheck(kind, n, path, status, message, result.samples, used, result.masked_out,
-                                       bool(note)))
-    report.seconds = time.perf_counter() - began
-    return report
+
+def _file_check(planned: PlannedFile, results: dict[tuple[str, str], FileResult]) -> FileCheck:
+    """The verdict on one planned file, from what reading the file it reads found."""
+    kind, n, path, status, message, used, expected = planned
+    if used is None:
+        return FileCheck(kind, n, path, status, message)
+    result = results[(used, kind)]
+    if result.error:
+        status, message = "unreadable", result.error
+    note = "" if result.error or result.rollout_id is None else rollout_id_note(result.rollout_id, expected)
+    if note:
+        message = f"{message}; {note}" if message else note
+    return FileCheck(kind, n, path, status, message, result.samples, used, result.masked_out, bool(note))

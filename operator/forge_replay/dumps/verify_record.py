@@ -21,6 +21,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from forge_replay.dumps.writing import now_rfc3339, write_atomically
+
 RECORD_FILE = "verify-record.json"
 FORMAT = "forge-replay/verify-record"
 VERSION = 1
@@ -61,8 +63,6 @@ class Entry:
 
 def record_document(settings: dict[str, Any], entries: dict[tuple[str, str], Entry]) -> dict[str, Any]:
     """The record as JSON: ``entries`` maps (record key, kind) to what was found."""
-    from forge_replay.runtime.results import now_rfc3339
-
     written_at = now_rfc3339()
     files = [{"path": path, "kind": kind, "size": e.stamp.size, "mtime_ns": e.stamp.mtime_ns, "samples": e.samples,
               "rollout_id": e.rollout_id, "masked_out": e.masked_out} for (path, kind), e in sorted(entries.items())]
@@ -71,8 +71,6 @@ def record_document(settings: dict[str, Any], entries: dict[tuple[str, str], Ent
 
 def write_record(path: str, document: dict[str, Any]) -> None:
     """Write the record whole (a temporary file and a rename), creating its folder; raises OSError."""
-    from forge_replay.runtime.results import write_atomically
-
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_atomically(path, json.dumps(document, indent=1, sort_keys=True) + "\n")
 

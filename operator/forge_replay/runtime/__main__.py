@@ -14,6 +14,7 @@ import logging
 import sys
 
 from forge_replay.api.paths import CONFIG_PATH
+from forge_replay.runtime.run_inputs import EXIT_EXPECTATIONS, EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     except SpecInvalid as exc:
         for problem in exc.problems:
             print(f"{args.config}: {problem}", file=sys.stderr)
-        return 2
+        return EXIT_UNUSABLE
 
-    from forge_replay.runtime.progress import record_result
+    from forge_replay.runtime.progress_publish import record_result
     from forge_replay.runtime.results import ResultsError, prepare_results
 
     if config.results_dir:  # an unwritable results claim fails before Ray starts, not after the run trained
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         except ResultsError as exc:
             print(f"forge-replay: {exc}", file=sys.stderr)
             record_result(config, "Failed", str(exc))
-            return 2
+            return EXIT_UNUSABLE
 
     from forge_replay.verdict.run import unusable_baseline
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"forge-replay: {failed[0]['message']}", file=sys.stderr)
         record_result(config, "Failed", f"{failed[0]['name']}: {failed[0]['message']}", failed)
-        return 3
+        return EXIT_EXPECTATIONS
 
     from forge_replay.runtime.driver import ReplayRunError, preflight
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayRunError as exc:
         print(f"forge-replay: {exc}", file=sys.stderr)
         record_result(config, "Failed", str(exc))
-        return 2 if getattr(exc, "unusable", False) else 1
+        return EXIT_UNUSABLE if getattr(exc, "unusable", False) else EXIT_FAILED
 
     import ray
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReplayRunError as exc:
         print(f"forge-replay: run failed: {exc}", file=sys.stderr)
         record_result(config, "Failed", str(exc))  # the operator reads it after the RayJob is gone
-        return 1
+        return EXIT_FAILED
     finally:
         if how != ALREADY_CONNECTED:
             ray.shutdown()
@@ -82,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     if unmet(report):  # the run finished, but spec.expect failed: the job fails (ExpectationsMet=False)
         print(f"forge-replay: {unmet(report)}", file=sys.stderr)
         record_result(config, "Failed", unmet(report), report.expectations)
-        return 3
+        return EXIT_EXPECTATIONS
     record_result(config, "Succeeded", expectations=report.expectations)
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The driver: the rollout loop on Ray (rollout manager -> trainer group -> report).
 
-``run_job`` assumes Ray is connected (see :func:`connect_ray`); the CLI and
+``run_job`` assumes Ray is connected (see :func:`connect_ray`); ``forge-replay run`` (runtime.local_run) and
 ``python -m forge_replay.runtime`` are thin shells around it.
 """
 
@@ -12,8 +12,15 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
-from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side, plan_weight_sync
-from forge_replay.runtime.report import RunReport, combine_rank_results, memory_peak, progress_memory, summarize
+from forge_replay.runtime.gating import ReplayPlan, plan_replay, plan_weight_sync
+from forge_replay.runtime.report import (
+    RunReport,
+    combine_rank_results,
+    memory_peak,
+    progress_memory,
+    render_table,
+    summarize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +82,9 @@ def actor_error_line(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Prepared:
-    """What :func:`preflight` established: the rollout-side plan and where the model comes from."""
+    """What :func:`preflight` established: the run's plan and where the model comes from."""
 
-    plan: RolloutSidePlan
+    plan: ReplayPlan
     model_source: str | dict
     vocab_size: int | None
     max_positions: int | None = None
@@ -85,21 +92,21 @@ class Prepared:
     """report.json's ``preflight``: files verified and trusted, seconds (:meth:`VerifyReport.preflight`)."""
 
 
-def preflight(config, progress: bool = False) -> Prepared:
+def preflight(config, progress: bool = False, plan: ReplayPlan | None = None) -> Prepared:
     """Checks that need no Ray and no trainer: forge prerequisites, model source and limits, dumps (``verify``).
 
     Raises :class:`UnusableInput` (a dumps root or model folder that does not exist, a model config the trainer
     cannot build, forge mode without sglang; :class:`DumpsRefused` when verify refuses the dumps) or
     :class:`ReplayRunError`; the CLI and the in-cluster runtime run this before Ray, so bad input fails fast.
-    ``progress`` shows verify's progress bar.
+    ``progress`` shows verify's progress bar; ``plan`` is the run's (:func:`plan_replay`), planned here when not given.
     """
-    from forge_replay.dumps.verify import model_limits
+    from forge_replay.dumps.model_config import ModelError
+    from forge_replay.dumps.model_limits import model_limits
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
-    from forge_replay.runtime.trainer.model import ModelError, model_source
+    from forge_replay.runtime.trainer.model import model_source
 
     spec = config.job.spec
-    ft = spec.fault_tolerance
-    plan = plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components)
+    plan = plan if plan is not None else plan_replay(spec)
     if plan.start_engines:
         problem = forge_prerequisite_problem(config.engine_command)
         if problem:
@@ -134,158 +141,20 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     while it trains, to measure what prefetching saves."""
     import ray
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from forge_replay.api.progress_report import ProgressReport
-    from forge_replay.dumps.verify import eval_rollout_ids
-    from forge_replay.replay import eval_before_train_id, eval_note
-    from forge_replay.runtime.placement import place_trainer
-    from forge_replay.runtime.progress import ProgressPublisher, now_rfc3339
-    from forge_replay.runtime.environment import environment
-    from forge_replay.runtime.report import render_table
-    from forge_replay.verdict.checks import over_memory_budget
-    from forge_replay.verdict.identity import identity_of
-    from forge_replay.verdict.run import render_verdict, verdict
-    from forge_replay.runtime.rollout_manager import RolloutManager
-    from forge_replay.runtime.trainer.rank import TrainerGroup, trainer_settings
     from forge_replay.runtime.weights.calls import WeightSyncError
-    from forge_replay.runtime.weights.sync import EngineWeightSync
+    from forge_replay.verdict.run import render_verdict
 
     console = console or Console(stderr=True)
     started = time.perf_counter()
-    prepared = prepared or preflight(config)
-    job, spec = config.job, config.job.spec
-    replay = spec.replay
-    plan, source = prepared.plan, prepared.model_source
-    settings = trainer_settings(spec.trainer, deterministic=replay.mode == "debug")
-    budget = spec.expect.max_peak_memory_gib if spec.expect is not None else None
-    rollout_ids = list(range(replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts))
-    eval_after = set(eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval))
-    eval_first = eval_before_train_id(replay.start_rollout_id, replay.eval_interval, replay.eval_before_train)
-    note = eval_note(replay.mode, replay.eval_interval, sorted(eval_after), eval_first)
-    (log.warning if replay.mode == "debug" and replay.eval_interval else log.info)("%s", note)
-    publisher = ProgressPublisher(config.results_dir, config.progress_configmap, job.metadata.namespace)
-    report = RunReport(
-        job=job.metadata.name or "forge-replay", mode=replay.mode, world_size=settings.world_size,
-        device="cuda" if settings.use_gpu else "cpu", num_params=0, started_at=now_rfc3339(),
-        planned=len(rollout_ids),
-    )
-    report.preflight = prepared.preflight
-    report.identity = identity_of(report.job, spec)
-    saver = ReportSaver(config.results_dir)
-    saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
-
-    def publish(completed: int) -> None:
-        publisher.publish(ProgressReport(
-            completed=completed, total=len(rollout_ids), memory=progress_memory(memory_peak(report.rollouts)),
-            fallbacks=sum(r.fallback_used for r in report.rollouts),
-            masked_out_samples=sum(r.masked_out_samples for r in report.rollouts),
-            rollout_id_mismatches=sum(bool(r.rollout_id_mismatch) for r in report.rollouts),
-        ))
-
-    group = manager = placement = None
-    report_problem = None
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"), console=console, disable=not show_progress, transient=False,
-    )
-    task = progress.add_task(f"{report.job} ({replay.mode})", total=len(rollout_ids), info="")
-
-    def starting(what: str) -> None:  # until step 1 trains, the bar says what it waits for
-        progress.update(task, info=f"[dim]{what}[/]")
-
-    starting(f"starting: placing {settings.world_size} trainer rank(s)")
-    progress.start()
+    run = _ReplayRun(config, prepared or preflight(config), console, show_progress, started)
+    report = run.report
+    run.starting(f"starting: placing {run.settings.world_size} trainer rank(s)")
+    run.progress.start()
     try:
-        from forge_replay.runtime.placement import PlacementError
-
-        try:
-            placement = place_trainer(settings, fixed_cluster=fixed_cluster)
-        except PlacementError as exc:
-            raise ReplayRunError(str(exc)) from None
-        manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
-            job, config.dumps_root, world_size=settings.world_size, vocab_size=prepared.vocab_size,
-            max_positions=prepared.max_positions,
-            engine_command=config.engine_command,
-            model_root=config.model_root, results_dir=config.results_dir, trainer_placement=placement,
-        )
-        rollout_side = manager.start.remote()  # engines start while the trainer does
-        starting("starting: the trainer" + (f" and {spec.rollout.num_engines} sglang engine(s)" if plan.start_engines
-                                            else ""))
-        next_batch = manager.get_rollout.remote(rollout_ids[0])  # loads while the trainer starts
-        group = TrainerGroup(settings, placement)
-        rank0 = group.setup(source)[0]
-        report.num_params = rank0["num_params"]
-        report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
-                                         rank0["deterministic"], rank0.get("threads"))
-        if plan.start_engines:
-            starting(f"starting: waiting for {spec.rollout.num_engines} sglang engine(s)")
-        ray.get(rollout_side)
-        syncer = None
-        if plan.start_engines:
-            sync_plan = plan_weight_sync(spec.rollout.weight_sync, spec.rollout.colocate, settings.use_gpu)
-            log.info("weight sync: %s (%s)", sync_plan.path, sync_plan.reason)
-            syncer = EngineWeightSync(sync_plan, manager, group, config)
-        publish(0)
-        if eval_first is not None:  # slime: eval 0 (eval_0) before training, with the engines up
-            starting(f"eval {eval_first} before the first step")
-            report.evals.append(ray.get(manager.evaluate.remote(eval_first, before_train=True)))
-        multimodal_said = False  # the builtin trainer says once that it trains VLM samples' text only
-        with progress:
-            for step, rollout_id in enumerate(rollout_ids):
-                if stopped_by is not None and stopped_by():  # a stop whose KeyboardInterrupt was swallowed
-                    raise KeyboardInterrupt
-                if step == 0:
-                    starting(f"step 1: loading rollout {rollout_id}")
-                waited = time.perf_counter()
-                batch = ray.get(next_batch)
-                data_wait = time.perf_counter() - waited
-                if plan.start_engines and spec.rollout.colocate:  # before the prefetch: it would queue behind it
-                    ray.get(manager.before_train_step.remote(step))  # engines release the shared GPUs
-                if prefetch and step + 1 < len(rollout_ids):
-                    next_batch = manager.get_rollout.remote(rollout_ids[step + 1])  # loads while this step trains
-                if batch.fallback_used:
-                    log.warning("rollout %d: dump missing, trained on rollout 0's file %s (fallbackToFirst)",
-                                rollout_id, batch.path)
-                if batch.rollout_id_mismatch or batch.masked_out:  # slime accepts both; the report counts them
-                    log.warning("rollout %d (%s): %s", rollout_id, batch.path, "; ".join(filter(None, (
-                        batch.rollout_id_mismatch,
-                        f"{batch.masked_out} sample(s) with an all-zero loss mask" if batch.masked_out else ""))))
-                if batch.multimodal_ignored and not multimodal_said:
-                    multimodal_said = True
-                    log.warning("rollout %d (%s): %d sample(s) hold multimodal inputs (images, pixel_values); the builtin"
-                                " trainer trains their text tokens and ignores the rest (said once; the report counts"
-                                " multimodal_ignored_samples)", rollout_id, batch.path, batch.multimodal_ignored)
-                if step == 0:
-                    starting("step 1: training")
-                began = time.perf_counter()
-                results = ray.get(group.train_step_async(step, batch.rank_batches, batch.loss_tokens))
-                record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
-                                              time.perf_counter() - began)
-                report.rollouts.append(record)
-                report.completed = step + 1
-                if step == 0:
-                    report.time_to_first_step_seconds = time.perf_counter() - started
-                if syncer is not None:
-                    if step == 0:
-                        starting("step 1: pushing the weights to the engines")
-                    synced = time.perf_counter()
-                    syncer.after_step(step)
-                    record.weight_sync_seconds = time.perf_counter() - synced
-                if rollout_id in eval_after:  # slime: after rollout N when (N + 1) % evalInterval == 0
-                    report.evals.append(ray.get(manager.evaluate.remote(rollout_id)))
-                publish(step + 1)
-                saver.save(report, step_done=True)
-                report.stopped_early = over_memory_budget(asdict(record), budget)
-                if report.stopped_early:  # over spec.expect.maxPeakMemoryGiB: stop now, the verdict says why
-                    log.warning("%s", report.stopped_early)
-                    break
-                if not prefetch and step + 1 < len(rollout_ids):
-                    next_batch = manager.get_rollout.remote(rollout_ids[step + 1])
-                progress.update(task, advance=1, info=f"loss {record.loss:.4f}"
-                                + (" [yellow]fallback[/]" if record.fallback_used else ""))
-        if spec.trainer.memory_snapshot and settings.use_gpu and config.results_dir:
-            report.files["memory_snapshots"] = group.write_memory_snapshots(config.results_dir)
+        run.start(fixed_cluster)
+        run.train(prefetch, stopped_by)
+        run.write_memory_snapshots()
     except ray.exceptions.RayError as exc:
         line = actor_error_line(exc)
         report.error = _brief(exc) if "\n" in line else line
@@ -297,32 +166,233 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         report.error = _brief(exc) if str(exc) else type(exc).__name__
         raise
     finally:
-        progress.stop()
+        run.progress.stop()
         try:  # the clean-up below must not depend on the report being written
-            signal_name = stopped_by() if stopped_by is not None else None
-            if signal_name:
-                report.interrupted, report.error = signal_name, f"interrupted by {signal_name}"
-            report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
-            if report.error is None and spec.expect is not None:  # the verdict on a run that finished (or was stopped)
-                checks, warnings = verdict(report.to_dict(), spec, config.baseline_path)
-                report.expectations = [c.to_dict() for c in checks]
-                report.warnings += warnings
-            publish(report.completed)  # a step trained but stopped in its weight push counts in both files
-            if manager is not None and plan.start_engines:
-                try:
-                    report.engines = ray.get(manager.engine_report.remote(), timeout=60)
-                except Exception as exc:  # noqa: BLE001 - the manager may have died with the error being raised
-                    log.warning("no engine report: %s", _brief(exc))
-            report.partial = report.error is not None or report.completed < report.planned
-            report_problem = saver.save_final(report)
+            report_problem = run.finish(stopped_by)
         finally:
-            _shutdown(manager, group, placement)
+            _shutdown(run.manager, run.group, run.placement)
     if report_problem:
         raise ReplayRunError(report_problem)
     console.print(render_table(report))
     if report.expectations is not None:
         console.print(render_verdict(report.expectations))
     return report
+
+
+def _replay_schedule(replay, plan: ReplayPlan) -> tuple[list[int], set[int], int | None]:
+    """The rollouts a run trains, the rollouts evaluated after, the eval before the first step; logs which evals."""
+    from forge_replay.dumps.evals import eval_before_train_id, eval_note, eval_rollout_ids
+
+    rollout_ids = list(range(replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts))
+    eval_after = set(eval_rollout_ids(replay.start_rollout_id, replay.num_rollouts, replay.eval_interval))
+    eval_first = eval_before_train_id(replay.start_rollout_id, replay.eval_interval, replay.eval_before_train)
+    note = eval_note(plan.mode, replay.eval_interval, sorted(eval_after), eval_first)
+    (log.warning if plan.debug and replay.eval_interval else log.info)("%s", note)
+    return rollout_ids, eval_after, eval_first
+
+
+class _ReplayRun:
+    """One :func:`run_job`: its report (saved from the start), progress (published and shown), the actors it
+    starts (placement, rollout manager, trainer group, weight sync) and its phases: :meth:`start`, :meth:`train`,
+    :meth:`finish`."""
+
+    def __init__(self, config, prepared: Prepared, console, show_progress: bool, started: float):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from forge_replay.runtime.progress_publish import ProgressPublisher
+        from forge_replay.dumps.writing import now_rfc3339
+        from forge_replay.runtime.trainer.rank import trainer_settings
+        from forge_replay.verdict.identity import identity_of
+
+        self.config, self.prepared, self.started = config, prepared, started
+        job, spec = config.job, config.job.spec
+        self.spec, self.plan = spec, prepared.plan
+        self.settings = trainer_settings(spec.trainer, deterministic=self.plan.deterministic)
+        self.budget = spec.expect.max_peak_memory_gib if spec.expect is not None else None
+        self.rollout_ids, self.eval_after, self.eval_first = _replay_schedule(spec.replay, self.plan)
+        self.publisher = ProgressPublisher(config.results_dir, config.progress_configmap, job.metadata.namespace)
+        self.report = report = RunReport(
+            job=job.metadata.name or "forge-replay", mode=self.plan.mode, world_size=self.settings.world_size,
+            device="cuda" if self.settings.use_gpu else "cpu", num_params=0, started_at=now_rfc3339(),
+            planned=len(self.rollout_ids),
+        )
+        report.preflight = prepared.preflight
+        report.identity = identity_of(report.job, spec)
+        self.saver = ReportSaver(config.results_dir)
+        self.saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
+        self.group = self.manager = self.placement = self.syncer = None
+        self.multimodal_said = False  # the builtin trainer says once that it trains VLM samples' text only
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"), console=console, disable=not show_progress, transient=False,
+        )
+        self.task = self.progress.add_task(f"{report.job} ({self.plan.mode})", total=len(self.rollout_ids), info="")
+
+    def publish(self, completed: int) -> None:
+        """Publish the progress of ``completed`` steps (progress.json, and the ConfigMap in-cluster)."""
+        from forge_replay.api.progress_report import ProgressReport
+
+        rollouts = self.report.rollouts
+        self.publisher.publish(ProgressReport(
+            completed=completed, total=len(self.rollout_ids), memory=progress_memory(memory_peak(rollouts)),
+            fallbacks=sum(r.fallback_used for r in rollouts),
+            masked_out_samples=sum(r.masked_out_samples for r in rollouts),
+            rollout_id_mismatches=sum(bool(r.rollout_id_mismatch) for r in rollouts),
+        ))
+
+    def starting(self, what: str) -> None:
+        """Until step 1 trains, the bar says what it waits for."""
+        self.progress.update(self.task, info=f"[dim]{what}[/]")
+
+    def start(self, fixed_cluster: bool) -> None:
+        """Place the trainer, start the rollout manager (and its engines) and the trainer group, set up the weight
+        sync; progress 0, then the eval before the first step when there is one."""
+        import ray
+
+        from forge_replay.runtime.environment import environment
+        from forge_replay.runtime.placement import PlacementError, place_trainer
+        from forge_replay.runtime.rollout_manager import RolloutManager
+        from forge_replay.runtime.trainer.rank import TrainerGroup
+        from forge_replay.runtime.weights.sync import EngineWeightSync
+
+        config, spec, settings, plan, report = self.config, self.spec, self.settings, self.plan, self.report
+        try:
+            self.placement = place_trainer(settings, fixed_cluster=fixed_cluster)
+        except PlacementError as exc:
+            raise ReplayRunError(str(exc)) from None
+        self.manager = manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
+            config.job, config.dumps_root, world_size=settings.world_size, vocab_size=self.prepared.vocab_size,
+            max_positions=self.prepared.max_positions,
+            engine_command=config.engine_command,
+            model_root=config.model_root, results_dir=config.results_dir, trainer_placement=self.placement,
+            plan=plan.rollout_side,
+        )
+        rollout_side = manager.start.remote()  # engines start while the trainer does
+        self.starting("starting: the trainer" + (f" and {spec.rollout.num_engines} sglang engine(s)"
+                                                 if plan.start_engines else ""))
+        self.next_batch = manager.get_rollout.remote(self.rollout_ids[0])  # loads while the trainer starts
+        self.group = TrainerGroup(settings, self.placement)
+        rank0 = self.group.setup(self.prepared.model_source)[0]
+        report.num_params = rank0["num_params"]
+        report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
+                                         rank0["deterministic"], rank0.get("threads"))
+        if plan.start_engines:
+            self.starting(f"starting: waiting for {spec.rollout.num_engines} sglang engine(s)")
+        ray.get(rollout_side)
+        if plan.start_engines:
+            sync_plan = plan_weight_sync(spec.rollout.weight_sync, spec.rollout.colocate, settings.use_gpu)
+            log.info("weight sync: %s (%s)", sync_plan.path, sync_plan.reason)
+            self.syncer = EngineWeightSync(sync_plan, manager, self.group, config)
+        self.publish(0)
+        if self.eval_first is not None:  # slime: eval 0 (eval_0) before training, with the engines up
+            self.starting(f"eval {self.eval_first} before the first step")
+            report.evals.append(ray.get(manager.evaluate.remote(self.eval_first, before_train=True)))
+
+    def train(self, prefetch: bool, stopped_by) -> None:
+        """Every rollout trained in turn (the next one loading meanwhile, when ``prefetch``), until the last, a stop,
+        or a step over spec.expect.maxPeakMemoryGiB."""
+        import ray
+
+        rollout_ids = self.rollout_ids
+        with self.progress:
+            for step, rollout_id in enumerate(rollout_ids):
+                if stopped_by is not None and stopped_by():  # a stop whose KeyboardInterrupt was swallowed
+                    raise KeyboardInterrupt
+                if step == 0:
+                    self.starting(f"step 1: loading rollout {rollout_id}")
+                waited = time.perf_counter()
+                batch = ray.get(self.next_batch)
+                data_wait = time.perf_counter() - waited
+                if self.plan.start_engines and self.spec.rollout.colocate:  # before the prefetch: it would queue
+                    ray.get(self.manager.before_train_step.remote(step))  # engines release the shared GPUs
+                if prefetch and step + 1 < len(rollout_ids):
+                    self.next_batch = self.manager.get_rollout.remote(rollout_ids[step + 1])  # loads meanwhile
+                self._warn_about(batch, rollout_id)
+                record = self._train_step(step, rollout_id, batch, data_wait)
+                if self.report.stopped_early:  # over spec.expect.maxPeakMemoryGiB: stop now, the verdict says why
+                    log.warning("%s", self.report.stopped_early)
+                    break
+                if not prefetch and step + 1 < len(rollout_ids):
+                    self.next_batch = self.manager.get_rollout.remote(rollout_ids[step + 1])
+                self.progress.update(self.task, advance=1, info=f"loss {record.loss:.4f}"
+                                     + (" [yellow]fallback[/]" if record.fallback_used else ""))
+
+    def _warn_about(self, batch, rollout_id: int) -> None:
+        """Say what slime accepts in a rollout but a user should know: a fallback, a mismatched rollout id,
+        all-masked samples, multimodal inputs (once)."""
+        if batch.fallback_used:
+            log.warning("rollout %d: dump missing, trained on rollout 0's file %s (fallbackToFirst)",
+                        rollout_id, batch.path)
+        if batch.rollout_id_mismatch or batch.masked_out:  # slime accepts both; the report counts them
+            log.warning("rollout %d (%s): %s", rollout_id, batch.path, "; ".join(filter(None, (
+                batch.rollout_id_mismatch,
+                f"{batch.masked_out} sample(s) with an all-zero loss mask" if batch.masked_out else ""))))
+        if batch.multimodal_ignored and not self.multimodal_said:
+            self.multimodal_said = True
+            log.warning("rollout %d (%s): %d sample(s) hold multimodal inputs (images, pixel_values); the builtin"
+                        " trainer trains their text tokens and ignores the rest (said once; the report counts"
+                        " multimodal_ignored_samples)", rollout_id, batch.path, batch.multimodal_ignored)
+
+    def _train_step(self, step: int, rollout_id: int, batch, data_wait: float):
+        """Train one rollout, push the weights to the engines, evaluate when due, publish and save; returns the
+        step's record (``report.stopped_early`` says when it went over the memory budget)."""
+        import ray
+
+        from forge_replay.verdict.checks import over_memory_budget
+
+        report = self.report
+        if step == 0:
+            self.starting("step 1: training")
+        began = time.perf_counter()
+        results = ray.get(self.group.train_step_async(step, batch.rank_batches, batch.loss_tokens))
+        record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
+                                      time.perf_counter() - began)
+        report.rollouts.append(record)
+        report.completed = step + 1
+        if step == 0:
+            report.time_to_first_step_seconds = time.perf_counter() - self.started
+        if self.syncer is not None:
+            if step == 0:
+                self.starting("step 1: pushing the weights to the engines")
+            synced = time.perf_counter()
+            self.syncer.after_step(step)
+            record.weight_sync_seconds = time.perf_counter() - synced
+        if rollout_id in self.eval_after:  # slime: after rollout N when (N + 1) % evalInterval == 0
+            report.evals.append(ray.get(self.manager.evaluate.remote(rollout_id)))
+        self.publish(step + 1)
+        self.saver.save(report, step_done=True)
+        report.stopped_early = over_memory_budget(asdict(record), self.budget)
+        return record
+
+    def write_memory_snapshots(self) -> None:
+        """spec.trainer.memorySnapshot on GPUs: each rank's CUDA memory snapshot into the results folder."""
+        if self.spec.trainer.memory_snapshot and self.settings.use_gpu and self.config.results_dir:
+            self.report.files["memory_snapshots"] = self.group.write_memory_snapshots(self.config.results_dir)
+
+    def finish(self, stopped_by) -> str | None:
+        """However the run ended: how (a stop), the summary, the verdict on a run that finished, the last progress,
+        the engines' report; the final report.json and memory.png. Returns the problem of writing them, or None."""
+        import ray
+
+        from forge_replay.verdict.run import verdict
+
+        report, spec = self.report, self.spec
+        signal_name = stopped_by() if stopped_by is not None else None
+        if signal_name:
+            report.interrupted, report.error = signal_name, f"interrupted by {signal_name}"
+        report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
+        if report.error is None and spec.expect is not None:  # the verdict on a run that finished (or was stopped)
+            checks, warnings = verdict(report.to_dict(), spec, self.config.baseline_path)
+            report.expectations = [c.to_dict() for c in checks]
+            report.warnings += warnings
+        self.publish(report.completed)  # a step trained but stopped in its weight push counts in both files
+        if self.manager is not None and self.plan.start_engines:
+            try:
+                report.engines = ray.get(self.manager.engine_report.remote(), timeout=60)
+            except Exception as exc:  # noqa: BLE001 - the manager may have died with the error being raised
+                log.warning("no engine report: %s", _brief(exc))
+        report.partial = report.error is not None or report.completed < report.planned
+        return self.saver.save_final(report)
 
 
 class ReportSaver:

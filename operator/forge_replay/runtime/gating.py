@@ -1,7 +1,9 @@
-"""Which rollout-side parts exist, decided from the spec alone (miles' replay fix).
+"""The run's plan, decided from the spec alone: its replay mode and which rollout-side parts exist (miles' replay fix).
 
-Every construction decision on the rollout side goes through :func:`plan_rollout_side`, so the
-rule lives in one place and is covered by a table test over mode x FT enabled x components.
+:func:`plan_replay` is the one place the runtime reads ``spec.replay.mode``; everything else reads the
+:class:`ReplayPlan` it returns. Every construction decision on the rollout side goes through
+:func:`plan_rollout_side`, so the rule lives in one place and is covered by a table test over mode x FT enabled x
+components.
 """
 
 from __future__ import annotations
@@ -32,6 +34,38 @@ class RolloutSidePlan:
     def rollout_ft(self) -> bool:
         """Rollout-side fault tolerance is active."""
         return self.health_monitors
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The runtime's plan of one run, read from its spec once (:func:`plan_replay`), built once per run and passed
+    where needed."""
+
+    mode: str
+    """spec.replay.mode: forge (sglang engines receive the weights after every step) or debug (no engines)."""
+    rollout_side: RolloutSidePlan
+
+    @property
+    def start_engines(self) -> bool:
+        """forge mode: sglang engines are started (:attr:`RolloutSidePlan.start_engines`)."""
+        return self.rollout_side.start_engines
+
+    @property
+    def debug(self) -> bool:
+        """debug mode: the dumps go straight into the trainer; evals run only because evalInterval asks (slime's
+        debug mode never evaluates)."""
+        return self.mode == "debug"
+
+    @property
+    def deterministic(self) -> bool:
+        """The trainer turns torch's deterministic settings on (debug replay)."""
+        return self.debug
+
+
+def plan_replay(spec) -> ReplayPlan:
+    """The plan of a validated job's ``spec``: its replay mode and its rollout side."""
+    ft = spec.fault_tolerance
+    return ReplayPlan(spec.replay.mode, plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components))
 
 
 def plan_rollout_side(mode: str, ft_enabled: bool, ft_components: Iterable[str]) -> RolloutSidePlan:

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from forge_replay.runtime.results import write_atomically
+from forge_replay.dumps.writing import write_atomically
 from forge_replay.verdict.reports import FINITE_METRICS, dumps_strict, non_finite_metrics
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,9 @@ file in it written whole.
 - :class:`ResultsLock` is a lock file naming the run that holds the folder (pid, host, job, start time);
   a second run is refused naming the first, a lock left by a dead process on this host is taken over with
   a note, and the lock is released on every way out of the run.
-- :func:`write_atomically` writes a temporary file in the same folder and renames it over the target:
-  a reader (or a run killed mid-write, or a full disk) sees the old file or the new one, never half of one.
+- every file is written with :func:`~forge_replay.dumps.writing.write_atomically`: a temporary file in the same
+  folder renamed over the target, so a reader (or a run killed mid-write, or a full disk) sees the old file or
+  the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import shutil
 import socket
 import tempfile
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from pathlib import Path
+
+from forge_replay.dumps.writing import now_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -35,33 +37,6 @@ SET_ASIDE = {"report.json": "report.previous.json", "memory.png": "memory.previo
 
 class ResultsError(RuntimeError):
     """The results folder cannot be used; the message names the folder and what to do."""
-
-
-def now_rfc3339() -> str:
-    """The time now in UTC, to the second, as RFC 3339 (``2026-12-01T10:00:00Z``)."""
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def write_atomically(path: str | Path, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` through ``.<name>.tmp`` in the same folder and a rename.
-
-    Raises OSError (disk full, read-only, something in the way of the temporary name) with ``path``
-    unchanged; the temporary file is removed."""
-    path = Path(path)
-    temp = path.with_name(f".{path.name}.tmp")
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        with open(temp, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            temp.unlink()
-        except OSError:
-            pass
-        raise
 
 
 def check_writable(directory: str | Path) -> None:

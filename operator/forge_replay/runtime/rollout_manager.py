@@ -1,6 +1,6 @@
 """The rollout manager: the Ray actor that serves each rollout's training data to the driver.
 
-It is constructed from the spec and :func:`plan_rollout_side` alone. In debug mode it builds the
+It is constructed from the spec and its rollout-side plan (:func:`plan_replay`) alone. In debug mode it builds the
 replay source and nothing else: no engine, no router, no rollout function, and it never reads the
 (absent) rollout section. Everything it constructs is appended to ``construction_log`` so tests can
 prove that (miles' replay fix).
@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from forge_replay.runtime.gating import RolloutSidePlan, plan_rollout_side
+from forge_replay.runtime.gating import RolloutSidePlan, plan_replay
 from forge_replay.runtime.report import EvalRecord
 from forge_replay.runtime.trainer.batching import BatchError, build_micro_batch, plan_step
 
@@ -78,7 +78,9 @@ class RolloutManager:
         results_dir: str | None = None,
         use_object_store: bool = True,
         trainer_placement=None,
+        plan: RolloutSidePlan | None = None,
     ):
+        """``plan``: the run's rollout-side plan (the driver's); planned from the job when not given."""
         from forge_replay.replay import ReplaySource
 
         spec = job.spec
@@ -92,8 +94,7 @@ class RolloutManager:
         self.results_dir = results_dir
         self.use_object_store = use_object_store
         self.trainer_placement = trainer_placement
-        ft = spec.fault_tolerance
-        self.plan: RolloutSidePlan = plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components)
+        self.plan: RolloutSidePlan = plan if plan is not None else plan_replay(spec).rollout_side
         self.construction_log: list[str] = []
         self.source = ReplaySource(dumps_root, spec.replay.dumps.path, spec.replay.dumps.fallback_to_first)
         self.construction_log.append("replay_source")

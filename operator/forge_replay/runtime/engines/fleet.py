@@ -36,7 +36,7 @@ from forge_replay.runtime.engines.process import (
     start_run_logs,
 )
 from forge_replay.runtime.engines.router import Router, plan_router, router_installed
-from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_rollout_side, plan_weight_sync
+from forge_replay.runtime.gating import RolloutSidePlan, WeightSyncPlan, plan_replay, plan_weight_sync
 from forge_replay.runtime.weights.calls import (
     SESSION_BEGIN,
     WeightSyncError,
@@ -207,7 +207,7 @@ class EngineFleet:
         """Build the fleet of a validated ForgeReplayJob (fails fast without sglang or --engine-command)."""
         spec = job.spec
         ft = spec.fault_tolerance
-        plan = plan or plan_rollout_side(spec.replay.mode, ft.enabled, ft.active_components)
+        plan = plan or plan_replay(spec).rollout_side
         command = resolve_engine_command(engine_command)
         rollout = spec.rollout
         work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"forge-replay-{job.metadata.name}-"))

@@ -7,11 +7,9 @@ from pathlib import Path
 
 import torch
 
+from forge_replay.dumps.model_config import ModelError, config_from_dict
+
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-class ModelError(ValueError):
-    """The model section cannot be turned into a model; the message says which field and why."""
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -20,29 +18,6 @@ def torch_dtype(name: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ModelError(f"spec.trainer.dtype: unknown dtype {name!r} (expected one of {', '.join(DTYPES)})") from None
-
-
-def config_from_dict(config: dict):
-    """A transformers ``PretrainedConfig`` from ``spec.model.config``.
-
-    The class comes from ``model_type`` when given, otherwise from the first of ``architectures``.
-    """
-    import transformers
-
-    values = dict(config)
-    model_type = values.pop("model_type", None)
-    if model_type:
-        try:
-            return transformers.AutoConfig.for_model(model_type, **values)
-        except ValueError as exc:
-            raise ModelError(f"spec.model.config.model_type: {exc}") from None
-    architectures = values.get("architectures") or []
-    if not architectures:
-        raise ModelError("spec.model.config: give model_type or architectures (e.g. [LlamaForCausalLM])")
-    model_class = getattr(transformers, architectures[0], None)
-    if model_class is None or not hasattr(model_class, "config_class"):
-        raise ModelError(f"spec.model.config.architectures[0]: transformers has no model class {architectures[0]!r}")
-    return model_class.config_class(**values)
 
 
 def model_source(model_spec, model_root: str | None) -> str | dict:

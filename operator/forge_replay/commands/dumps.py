@@ -6,12 +6,12 @@ torch is imported only inside commands, so `forge-replay --help` stays fast.
 from __future__ import annotations
 
 import json
-import os
-import stat
 import sys
-from collections.abc import Iterable
+from typing import Any
 
 import click
+
+from forge_replay.dumps.verify_request import UsageError, VerifyRequest, limits_of, run_verify
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -30,51 +30,10 @@ _limit_option = click.option(
 
 
 def _limits(settings: tuple[str, ...]):
-    from forge_replay.dumps.bounds import LimitError, default_limits
-
     try:
-        return default_limits().with_overrides(settings)
-    except LimitError as exc:
-        _fail(f"--limit {exc}", code=2)
-
-
-def closed_to_others(paths: Iterable[str], root: str | None) -> str | None:
-    """A note naming the dumps other users cannot read (mode without o+r) and the folders under ``root`` on their
-    way that others cannot enter (without o+x), or None. Runtime pods run as their own uid (the operator's
-    runtimeUid, 10001 by default), so a dump another uid wrote 0600 to a shared claim fails there."""
-    files: dict[str, int] = {}
-    folders: dict[str, int] = {}
-    for path in paths:
-        if (mode := _mode_without(path, stat.S_IROTH)) is not None:
-            files[path] = mode
-        folder = os.path.dirname(os.path.abspath(path))
-        top = os.path.abspath(root) if root else folder
-        while folder == top or folder.startswith(top.rstrip(os.sep) + os.sep):
-            if (mode := _mode_without(folder, stat.S_IXOTH)) is not None:
-                folders[folder] = mode
-            if folder == top:
-                break
-            folder = os.path.dirname(folder)
-    if not files and not folders:
-        return None
-
-    def listed(found: dict[str, int]) -> str:
-        names = [f"{path} ({stat.S_IMODE(mode):04o})" for path, mode in list(found.items())[:3]]
-        return ", ".join(names) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-
-    closed = [f"{len(files)} dump(s) not readable by other users: {listed(files)}" if files else "",
-              f"{len(folders)} folder(s) other users cannot enter: {listed(folders)}" if folders else ""]
-    return ("; ".join(filter(None, closed)) + "; runtime pods run as their own uid (10001 by default) and cannot"
-            " read them on a shared claim: chmod o+r the dumps (o+x the folders)")
-
-
-def _mode_without(path: str, bit: int) -> int | None:
-    """``path``'s mode when it lacks ``bit``; None when it has it or cannot be read."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return None
-    return None if mode & bit else mode
+        return limits_of(settings)
+    except UsageError as exc:
+        _fail(str(exc), code=2)
 
 
 @click.group()
@@ -137,27 +96,7 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
               " pre-flight to trust (the operator's verify Job writes it to the results claim).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_limit_option
-def verify(
-    template: str,
-    num_rollouts: int,
-    start_rollout_id: int,
-    eval_interval: int,
-    eval_before_train: bool,
-    root: str | None,
-    no_fallback: bool,
-    reward_key: str | None,
-    no_reward_key: bool,
-    eval_reward_key: str | None,
-    n_samples_per_prompt: int | None,
-    model_path: str | None,
-    model_config: str | None,
-    backend: str,
-    trainer_args: str | None,
-    jobs: int | None,
-    record_path: str | None,
-    as_json: bool,
-    limit_settings: tuple[str, ...],
-) -> None:
+def verify(**options: Any) -> None:
     """Check that every needed dump exists, loads safely and converts for training. Exit 0 ok, 1 problems, 2 usage.
 
     Token ids, log probs and rewards are checked as training checks them; samples with an all-zero
@@ -167,78 +106,7 @@ def verify(
     all, as the operator's verify Job does (a dict reward without --reward-key is then refused).
     With --backend slime or miles, train dumps must also pass that framework's own acceptance rules.
     """
-    from forge_replay.dumps.acceptance import UpstreamSettings
-    from forge_replay.dumps.convert import NO_LIMITS, Conversion
-    from forge_replay.dumps.verify import VerifyWorkerDied, model_limits, usable_cpus, verify_dumps
-
-    upstream = None
-    if trainer_args is not None and backend == "builtin":
-        _fail("--trainer-args: only with --backend slime or miles", code=2)
-    if backend != "builtin":
-        try:
-            args = json.loads(trainer_args) if trainer_args is not None else []
-            if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-                raise ValueError("expected a JSON list of strings")
-        except ValueError as exc:
-            _fail(f"--trainer-args: {exc}", code=2)
-        upstream = UpstreamSettings.from_args(backend, args, reward_key)
-
-    if no_reward_key and reward_key is not None:
-        _fail("--no-reward-key and --reward-key contradict each other", code=2)
-    if model_path is not None and model_config is not None:
-        _fail("--model and --model-config contradict each other", code=2)
-    conversion, notes = None, ()
-    if reward_key is not None or no_reward_key or n_samples_per_prompt or model_path or model_config:
-        limits, note = NO_LIMITS, ""
-        try:
-            if model_config is not None:
-                source = json.loads(model_config)
-                if not isinstance(source, dict):
-                    raise ValueError("expected a JSON object")
-                limits, note = model_limits(source)
-            elif model_path is not None:
-                limits, note = model_limits(model_path)
-        except ValueError as exc:  # not JSON, or not an object
-            _fail(f"--model-config: {exc}", code=2)
-        conversion = Conversion(n_samples_per_prompt=n_samples_per_prompt, reward_key=reward_key, limits=limits)
-        notes = (note,) if note else ()
-    try:
-        report = verify_dumps(
-            root,
-            template,
-            num_rollouts,
-            start_rollout_id=start_rollout_id,
-            eval_interval=eval_interval,
-            eval_before_train=eval_before_train,
-            fallback=not no_fallback,
-            progress=not as_json,
-            limits=_limits(limit_settings),
-            reward_key=reward_key,
-            eval_reward_key=eval_reward_key,
-            conversion=conversion,
-            notes=notes,
-            backend=backend,
-            upstream=upstream,
-            jobs=jobs or usable_cpus(),
-        )
-    except ValueError as exc:
-        _fail(str(exc), code=2)
-    except VerifyWorkerDied as exc:
-        _fail(str(exc))
-    note = closed_to_others(dict.fromkeys(c.used_path for c in report.checks if c.used_path), root)
-    if note:
-        report.notes.append(note)
-    if record_path is not None:
-        from forge_replay.dumps.verify_record import record_document, write_record
-
-        try:  # not fatal: without a record the runtime verifies every file itself
-            write_record(record_path, record_document(report.settings.to_dict(), report.entries))
-            report.notes.append(f"recorded {len(report.entries)} verified file(s) in {record_path}")
-        except OSError as exc:
-            report.notes.append(f"cannot write the verify record {record_path} ({exc.strerror or exc}): the runtime"
-                                " will verify every file again")
-    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else report.summary())
-    sys.exit(0 if report.ok else 1)
+    sys.exit(run_verify(VerifyRequest(**options)))
 
 
 @dumps.command()
@@ -322,7 +190,7 @@ def pack(
     from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
     from forge_replay.dumps import DumpError, load_raw
     from forge_replay.dumps.packed import identical, load_packed_raw, write_packed
-    from forge_replay.dumps.progress import progress_bar
+    from forge_replay.dumps.progress_bars import progress_bar
 
     limits = _limits(limit_settings)
     for name, value in (("SOURCE", source), ("DESTINATION", destination)):

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from forge_replay.api.progress_report import PROGRESS_KEY, ProgressReport, RunResult
-from forge_replay.runtime.results import now_rfc3339, write_atomically
+from forge_replay.dumps.writing import now_rfc3339, write_atomically
 
 log = logging.getLogger(__name__)
 
