@@ -9,7 +9,7 @@ import pytest
 from forge_replay.api import SpecInvalid, parse_job
 from forge_replay.api.crd import spec_schema
 from forge_replay.api.job import CROSS_FIELD_RULES
-from forge_replay.dumps.acceptance import UpstreamSettings, notes, refusals
+from forge_replay.dumps.acceptance import UpstreamSettings, dropped_notes, refusals
 from forge_replay.dumps.synth import synth_samples
 from forge_replay.frameworks.batch import batch_layout
 from forge_replay.frameworks.flags import BACKENDS
@@ -107,7 +107,8 @@ def _by_flag(argv: list[str]) -> dict[str, tuple[str, ...]]:
 # ------------------------------------------------------------------ 1. miles resets --start-rollout-id without --load
 
 
-def test_miles_start_needs_a_checkpoint_to_load() -> None:
+def test_miles_start_needs_a_checkpoint_to_load(tmp_path) -> None:
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("1\n")
     found = problems(byo_job("miles", spec__replay__startRolloutId=2))
     assert found == [f"spec.replay.startRolloutId: miles resets --start-rollout-id to 0 unless --load names a directory "
                      f"holding latest_checkpointed_iteration.txt ({upstream_rule('miles', 'start-needs-checkpoint').where})"
@@ -118,6 +119,12 @@ def test_miles_start_needs_a_checkpoint_to_load() -> None:
     assert parse_job(loaded).spec.replay.start_rollout_id == 2
     assert parse_job(byo_job("miles")).spec.replay.start_rollout_id == 0
     assert parse_job(byo_job("slime", spec__replay__startRolloutId=2)).spec.replay.start_rollout_id == 2  # slime keeps it
+    from tests.byo.train import parse  # the stand-in follows the rule, as miles does
+
+    injected = ["--stand-in-backend", "miles", *REQUIRED_ARGS, "--start-rollout-id", "2", "--num-rollout", "4"]
+    assert parse(injected).start_rollout_id == 0
+    assert parse([*injected, "--load", "/nowhere"]).start_rollout_id == 0
+    assert parse([*injected, "--load", str(tmp_path)]).start_rollout_id == 2
     [cel] = [r for r in cel_rules() if r.get("fieldPath") == ".replay.startRolloutId"]
     assert "'--load'" in cel["rule"].replace('"', "'") and "miles" in cel["rule"]
 
@@ -150,11 +157,11 @@ def test_miles_refuses_fewer_samples_than_a_global_batch_without_rollout_ids() -
 def test_miles_trim_drops_the_rest_and_verify_says_so() -> None:
     twelve = episodes(12, rollout_ids=False)
     assert refusals(twelve, settings("miles", "--global-batch-size", "8")) == []
-    [note] = notes(twelve, settings("miles", "--global-batch-size", "8"))
+    [note] = dropped_notes(twelve, settings("miles", "--global-batch-size", "8"))
     assert note.startswith("miles trains 8 of its 12 samples (a multiple of the global batch size 8, from "
                            "--global-batch-size) and drops the last 4, as no sample has a rollout_id")
-    assert notes(episodes(12), settings("miles", "--global-batch-size", "8")) == []
-    assert notes(episodes(16, rollout_ids=False), settings("miles", "--global-batch-size", "8")) == []
+    assert dropped_notes(episodes(12), settings("miles", "--global-batch-size", "8")) == []
+    assert dropped_notes(episodes(16, rollout_ids=False), settings("miles", "--global-batch-size", "8")) == []
 
 
 # ------------------------------------------------------------------ 3. slime's top-p token ids
@@ -222,13 +229,13 @@ def test_slime_default_global_batch_size_is_checked() -> None:
 def test_slime_drops_episodes_past_the_last_step_with_a_note() -> None:
     twelve = settings("slime", *GPUS8, "--global-batch-size", "8")
     assert refusals(episodes(12), twelve) == []
-    [note] = notes(episodes(12), twelve)
+    [note] = dropped_notes(episodes(12), twelve)
     assert note.startswith("slime trains 8 of its 12 episodes (1 step(s) of 8, from --global-batch-size) and drops the "
                            "last 4 (4 sample(s)) without a word")
     assert where("slime", "trailing-episodes-dropped") in note
-    assert notes(episodes(16), twelve) == [] and notes(episodes(4), twelve) == []  # whole steps; refused instead
-    assert notes(episodes(6, per_episode=2), settings("slime", "--global-batch-size", "4"))[0].startswith(
-        "slime trains 4 of its 6 episodes") and "(4 sample(s))" in notes(episodes(6, 2), settings(
+    assert dropped_notes(episodes(16), twelve) == [] and dropped_notes(episodes(4), twelve) == []  # whole steps; refused instead
+    assert dropped_notes(episodes(6, per_episode=2), settings("slime", "--global-batch-size", "4"))[0].startswith(
+        "slime trains 4 of its 6 episodes") and "(4 sample(s))" in dropped_notes(episodes(6, 2), settings(
             "slime", "--global-batch-size", "4"))[0]
 
 
@@ -368,3 +375,76 @@ def test_forge_replay_refuses_what_the_frameworks_did_in_the_by_hand_check(tmp_p
         ours = check.forge_replay_verdict(item)
         if theirs["outcome"] != "code":
             assert (ours["verdict"], theirs["outcome"]) in check.AGREE, (item["id"], ours, theirs)
+
+
+# ------------------------------------------------------------------ verify's note of dropped episodes, end to end
+
+
+def _slime_dumps(tmp_path, count: int = 12, ids=(0, 1)) -> str:
+    from forge_replay.dumps.files import save
+
+    for n in ids:
+        save(tmp_path / f"rollout_{n}.pt", n, episodes(count))
+    return "rollout_{rollout_id}.pt"
+
+
+def test_verify_notes_dropped_episodes_in_its_output_record_and_preflight(tmp_path) -> None:
+    from forge_replay.dumps.verify import verify_dumps
+    from forge_replay.dumps.verify_record import read_record, record_document, write_record
+
+    template = _slime_dumps(tmp_path)
+    upstream = settings("slime", *GPUS8)  # Megatron's default global batch size: 1 x 8
+    report = verify_dumps(str(tmp_path), template, 2, backend="slime", upstream=upstream)
+    assert report.ok and len(report.dropped) == 1
+    assert report.dropped[0].startswith("rollouts 0, 1: slime trains 8 of its 12 episodes")
+    assert f"note: {report.dropped[0]}" in report.summary()
+    assert report.to_dict()["notes"] == report.dropped and report.preflight()["notes"] == report.dropped
+    record = tmp_path / "verify-record.json"
+    write_record(str(record), record_document(report.settings.to_dict(), report.entries, report.dropped))
+    trusted = verify_dumps(str(tmp_path), template, 2, backend="slime", upstream=upstream, trust=str(record))
+    assert len(trusted.trusted) == 2 and trusted.dropped == report.dropped  # the record keeps each file's note
+    assert all(e.dropped for e in read_record(str(record), report.settings.to_dict()).entries.values())
+    whole = verify_dumps(str(tmp_path), _slime_dumps(tmp_path, 16), 2, backend="slime", upstream=upstream)
+    assert whole.ok and whole.dropped == [] and whole.preflight()["notes"] == []
+
+
+def test_a_slime_job_reports_the_notes_in_report_json_preflight(tmp_path) -> None:
+    """The verify Job writes its record into the run's results folder (a slime job too); the publish step after the
+    script copies the record's notes into report.json's preflight."""
+    from forge_replay.backends import publish
+    from forge_replay.dumps.verify_request import VerifyRequest, run_verify
+
+    dumps, results = tmp_path / "dumps", tmp_path / "results"
+    dumps.mkdir()
+    _slime_dumps(dumps)
+    job = parse_job(byo_job("slime", "debug", spec__replay__numRollouts=2,
+                            spec__replay__dumps={"claimName": "d", "path": "rollout_{rollout_id}.pt"}))
+    request = VerifyRequest.for_job(job, dumps_root=str(dumps), model_root=None, in_pod=False,
+                                    record=str(results / "verify-record.json"))
+    assert run_verify(request) == 0
+    assert publish.publish(str(results), "j", "slime", "train.py", 0, 2, None, None) == []
+    import json
+
+    checked = json.loads((results / "report.json").read_text())["preflight"]
+    assert checked["record"] == str(results / "verify-record.json")
+    [note] = checked["notes"]
+    assert note.startswith("rollouts 0, 1: slime trains 8 of its 12 episodes")
+    assert publish.preflight(str(tmp_path)) is None  # no record: no preflight
+    (tmp_path / "verify-record.json").write_text("{")
+    assert publish.preflight(str(tmp_path))["note"].startswith("cannot read the verify record")
+
+
+def test_render_gives_a_slime_verify_job_its_record_and_the_flags_the_rules_read() -> None:
+    from forge_replay.controller.render import verify_job
+    from forge_replay.controller.settings import OperatorSettings
+
+    doc = byo_job("miles", "debug", spec__results={"claimName": "results"}, spec__trainer__args=["--global-batch-size",
+                                                                                               "32"],
+                  spec__faultTolerance={"enabled": True, "components": ["train"]})
+    job = parse_job({**doc, "metadata": {"name": "m", "namespace": "ns", "uid": "u-1"}})
+    command = verify_job(job, OperatorSettings())["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--record") + 1].endswith("/verify-record.json")
+    argv = __import__("json").loads(command[command.index("--trainer-args") + 1])
+    assert argv[-7:] == ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--use-fault-tolerance",
+                         "--ft-components", "train"]
+    assert UpstreamSettings.from_args("miles", argv, None).cells == 8

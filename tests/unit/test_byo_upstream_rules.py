@@ -362,7 +362,8 @@ def test_verify_cli_and_job_pass_the_backend(tmp_path) -> None:
     job = parse_job(byo_job("miles", "debug", spec__trainer__args=["--advantage-estimator", "ppo"]))
     line = verify_command(job)
     assert line[line.index("--backend") + 1] == "miles"
-    assert json.loads(line[line.index("--trainer-args") + 1]) == ["--advantage-estimator", "ppo", *REQUIRED_ARGS]
+    assert json.loads(line[line.index("--trainer-args") + 1]) == [  # the team's args, then what the rules read
+        "--advantage-estimator", "ppo", *REQUIRED_ARGS, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8"]
 
 
 def test_every_upstream_line_the_docs_cite_is_in_the_data() -> None:

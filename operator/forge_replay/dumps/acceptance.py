@@ -27,7 +27,7 @@ apply them to a train dump's samples under the settings the team's run has (``Up
 The global batch size is the argv's (--num-steps-per-rollout, --global-batch-size), else Megatron's default
 (micro-batch x data-parallel size) when the argv gives the world size (frameworks/batch.py). What the frameworks drop
 without refusing (slime: the episodes past the last whole step; miles: the samples past the last whole global batch)
-is said by :func:`notes`, not refused.
+is said by :func:`dropped_notes`, not refused.
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ def _one_step_per_cell(samples: Sequence[Any], settings: UpstreamSettings) -> Re
                    "of faultTolerance.components")
 
 
-def notes(samples: Sequence[Any], settings: UpstreamSettings) -> list[str]:
+def dropped_notes(samples: Sequence[Any], settings: UpstreamSettings) -> list[str]:
     """What ``settings.backend`` drops of ``samples`` (one train dump) without refusing it: slime the episodes past
     the last whole step, miles (trim) the samples past the last whole global batch. Empty when nothing is dropped,
     and for a rollout :func:`refusals` refuses."""
