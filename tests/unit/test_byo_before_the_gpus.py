@@ -448,3 +448,15 @@ def test_render_gives_a_slime_verify_job_its_record_and_the_flags_the_rules_read
     assert argv[-7:] == ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8", "--use-fault-tolerance",
                          "--ft-components", "train"]
     assert UpstreamSettings.from_args("miles", argv, None).cells == 8
+
+
+def test_a_local_run_sets_the_previous_record_aside(tmp_path) -> None:
+    """forge-replay run writes verify's record into its results folder; a previous run's must not lend its notes to
+    this run's report.json (with spec.replay.verify false nothing replaces it)."""
+    from forge_replay.backends.local import _set_record_aside
+
+    (tmp_path / "verify-record.json").write_text('{"notes": ["old"]}')
+    _set_record_aside(str(tmp_path))
+    _set_record_aside(str(tmp_path))  # none left: nothing to do
+    assert not (tmp_path / "verify-record.json").exists()
+    assert (tmp_path / "verify-record.previous.json").read_text() == '{"notes": ["old"]}'
