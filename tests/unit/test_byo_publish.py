@@ -32,7 +32,7 @@ def write_probe_files(folder: Path) -> None:
 
 
 def test_the_progress_document_is_what_the_operator_reads(tmp_path) -> None:
-    """progress.json is parsed by the operator with api.progress.ProgressReport: every figure survives, each
+    """progress.json is parsed by the operator with api.progress_report.ProgressReport: every figure survives, each
     naming its source (cuda for the allocator's peak, nvml for the device-level one)."""
     write_probe_files(tmp_path / "probe")
     assert publish.publish(str(tmp_path), "job", "miles", "train.py", 0, 4, None, None) == []

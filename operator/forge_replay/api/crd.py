@@ -246,6 +246,8 @@ def crd() -> dict[str, Any]:
                          "description": "Rollouts to train"},
                         {"name": "Peak GiB", "type": "number", "jsonPath": ".status.memory.peakAllocatedGiB",
                          "description": "Peak GPU memory allocated by any rank"},
+                        {"name": "Outcome", "type": "string", "jsonPath": ".status.outcome",
+                         "description": "fits, overBudget, outOfMemory or failed, once the run has ended"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],
                     "schema": {"openAPIV3Schema": root},

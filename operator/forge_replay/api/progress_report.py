@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from forge_replay.api.base import ApiModel
+from forge_replay.api.outcome import Outcome, OutOfMemory
 from forge_replay.api.status import ExpectationResult, MemoryPeak
 
 PROGRESS_KEY = "progress.json"
@@ -25,6 +26,10 @@ class RunResult(ApiModel):
     finished_at: str | None = Field(default=None, description="When the run ended (RFC 3339).")
     expectations: list[ExpectationResult] | None = Field(
         default=None, description="The verdict on spec.expect (one entry per check); absent without spec.expect."
+    )
+    outcome: Outcome | None = Field(default=None, description="fits, overBudget, outOfMemory or failed.")
+    out_of_memory: OutOfMemory | None = Field(
+        default=None, description="With outcome outOfMemory: which signal, where, when and how much."
     )
 
 

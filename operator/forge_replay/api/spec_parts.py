@@ -519,3 +519,9 @@ class ExpectSpec(ApiModel):
     baseline: BaselineSpec | None = Field(
         default=None, description="Per-rollout metrics of an earlier run's report.json to reproduce."
     )
+    outcome: Literal["fits", "outOfMemory"] | None = Field(
+        default=None,
+        description="The outcome the run must have: fits (the default meaning of a memory test), or outOfMemory: a "
+        "known-too-big configuration must still run out of memory (the job then Succeeds when it does, and fails "
+        "when it fits).",
+    )

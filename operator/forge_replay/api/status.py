@@ -9,6 +9,8 @@ from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from forge_replay.api.base import ApiModel, described
+from forge_replay.api.outcome import Outcome, OutOfMemory
+
 
 class Condition(ApiModel):
     """A metav1.Condition."""
@@ -144,4 +146,11 @@ class ForgeReplayJobStatus(ApiModel):
     )
     expectations: list[ExpectationResult] | None = Field(
         default=None, description="The verdict on spec.expect, one entry per check (once the run has ended)."
+    )
+    outcome: Outcome | None = Field(
+        default=None, description="How the run ended, as a memory test reads it (once it has ended): fits, "
+        "overBudget (peak above spec.expect.maxPeakMemoryGiB), outOfMemory, or failed."
+    )
+    out_of_memory: OutOfMemory | None = Field(
+        default=None, description="With outcome outOfMemory: which signal, where, when and how much."
     )

@@ -37,7 +37,7 @@ from forge_replay.dumps.writing import now_rfc3339, write_atomically
 from forge_replay.verdict.checks import Check, Limits, check_report, unmet_line
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-PROGRESS_KEY = "progress.json"  # forge_replay.api.progress.PROGRESS_KEY (a test keeps them equal)
+PROGRESS_KEY = "progress.json"  # forge_replay.api.progress_report.PROGRESS_KEY (a test keeps them equal)
 PROBE_FOLDER = "probe"
 """Where, under the run's results folder, the probe of every Ray worker writes."""
 
@@ -48,7 +48,7 @@ _CAMEL = {"source": "source", "peak_allocated_gib": "peakAllocatedGiB", "peak_re
 
 def progress_memory(peak: dict[str, Any] | None) -> dict[str, Any] | None:
     """The probe's peak (``probe.memory_peak``) as progress.json and ``status.memory`` carry it (camelCase,
-    ``api.models.MemoryPeak``); None when the probe recorded nothing."""
+    ``api.status.MemoryPeak``); None when the probe recorded nothing."""
     if not peak:
         return None
     memory = {camel: peak[key] for key, camel in _CAMEL.items() if peak.get(key) is not None}
@@ -101,7 +101,7 @@ def report(job: str, backend: str, script: str, exit_code: int, total: int, peak
 
 def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | None,
              finished_at: str, expectations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """progress.json (``api.progress.ProgressReport``, camelCase) once the script has ended. The script trained
+    """progress.json (``api.progress_report.ProgressReport``, camelCase) once the script has ended. The script trained
     every rollout when it exited 0 (its ``--num-rollout`` is forge-replay's end bound); otherwise how many it
     trained is not known here, and ``completed`` stays 0. ``expectations``: the verdict (report.json's), which
     fails the result when a check failed."""

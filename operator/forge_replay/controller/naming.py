@@ -31,7 +31,7 @@ def config_map_name(job_name: str) -> str:
 
 
 def progress_map_name(job_name: str) -> str:
-    """ConfigMap the runtime patches with ``progress.json`` (name owned by forge_replay.api.progress)."""
+    """ConfigMap the runtime patches with ``progress.json`` (name owned by forge_replay.api.progress_report)."""
     from forge_replay.api.progress_report import progress_configmap_name
 
     return progress_configmap_name(job_name)

@@ -282,7 +282,7 @@ def _reported(
 ) -> dict[str, Any]:
     """What the runtime reported, as the status carries it (the previous status's without a progress report):
     rollouts done, peak memory, fallbacks, the verdict on spec.expect, and data slime accepts but a user should
-    see, as the runtime counted it (runtime/progress.py)."""
+    see, as the runtime counted it (runtime/progress_publish.py)."""
     total = job.spec.replay.num_rollouts
     rollouts = {"completed": 0, "total": total}
     if progress is not None:

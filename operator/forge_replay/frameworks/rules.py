@@ -2,7 +2,7 @@
 
 Each rule is written in our words and cites the upstream lines it stands on (file, line, end and an anchor: a hash
 of those lines, so ``scripts/backend-rules`` finds them again in a fetched tree and moves the line numbers, or says
-the code changed). The spec rules (api/models.py), the injected argv (``injected_argv``), eval before training
+the code changed). The spec rules (api/byo_rules.py), the injected argv (``injected_argv``), eval before training
 (``dumps/evals.py``) and verify's acceptance rules (``dumps/acceptance.py``) read their facts here.
 Required flags are in the flag tables (``required``), written by ``scripts/backend-flags``.
 """

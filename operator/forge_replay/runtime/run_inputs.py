@@ -19,6 +19,7 @@ import click
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 EXIT_EXPECTATIONS = 3
+EXIT_OUT_OF_MEMORY = 4  # the run ran out of memory (outcome outOfMemory; 0 when spec.expect.outcome expects it)
 """The run finished (or was stopped over its memory budget) but an expectation of spec.expect failed."""
 
 LOCAL_STATE = ".forge-replay"
