@@ -188,7 +188,8 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
         except Unusable as exc:
             err(f"{file}: {exc}")
             return EXIT_UNUSABLE
-    if spec.replay.verify and not verified(job, dumps_root, model_root, err):
+    _set_record_aside(results_dir)  # a previous run's: its notes are not this run's (report.json's preflight)
+    if spec.replay.verify and not verified(job, dumps_root, model_root, err, results_dir):
         err(f"{file}: dumps verify refused the dumps under {dumps_root} (above), as the verify Job of this job would "
             f"in a cluster; nothing was started (spec.replay.verify: false skips the check)")
         return EXIT_UNUSABLE
@@ -200,10 +201,25 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
     return _verdict_exit(file, results_dir, spec, err)
 
 
-def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[str], None]) -> bool:
+def _set_record_aside(results_dir: str) -> None:
+    """Rename a previous run's verify record in ``results_dir`` to its ``previous`` name, as the run's other files are
+    (runtime.results.set_previous_aside, which the builtin runtime also runs where the verify Job's record must stay)."""
+    from forge_replay.dumps.verify_record import RECORD_FILE
+
+    record = Path(results_dir, RECORD_FILE)
+    try:
+        os.replace(record, record.with_name("verify-record.previous.json"))
+    except FileNotFoundError:
+        pass
+
+
+def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[str], None],
+             results_dir: str | None = None) -> bool:
     """Run the verify Job's check (`forge-replay dumps verify` with the job's settings and the framework's acceptance
-    rules) here, on the local dumps; what it prints goes to the user. A model folder missing here leaves the model's
-    limits unchecked (the team's script loads the model, not forge-replay), with a note."""
+    rules) here, on the local dumps; what it prints goes to the user, and its record to ``results_dir`` (whose notes
+    the publish step copies into report.json's preflight). A model folder missing here leaves the model's limits
+    unchecked (the team's script loads the model, not forge-replay), with a note."""
+    from forge_replay.dumps.verify_record import RECORD_FILE
     from forge_replay.dumps.verify_request import EXIT_OK, VerifyRequest, run_verify
 
     model_path = job.spec.model.path
@@ -212,7 +228,8 @@ def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[s
             "vocabulary and positions")
         model_root = None
     request = VerifyRequest.for_job(job, dumps_root=os.path.abspath(dumps_root),
-                                    model_root=os.path.abspath(model_root) if model_root else None, in_pod=False)
+                                    model_root=os.path.abspath(model_root) if model_root else None, in_pod=False,
+                                    record=os.path.join(results_dir, RECORD_FILE) if results_dir else None)
     return run_verify(request) == EXIT_OK
 
 

@@ -6,6 +6,10 @@ writes ``<results>/report.json`` (``summary.memory_peak`` as the builtin trainer
 ``<results>/progress.json``; in a pod it also patches the job's progress ConfigMap with the ServiceAccount token the
 head pod mounts, so the operator copies the peak into ``status.memory`` as it does for the builtin trainer.
 
+When the verify Job (or `forge-replay run`) left its verify record in the results folder, report.json's
+``preflight`` carries the record's notes: what slime / miles would drop of the dumps without a word (slime's
+episodes past the last whole step).
+
 With ``--max-peak-memory-gib`` (spec.expect.maxPeakMemoryGiB), the verdict (``forge_replay.verdict.checks``,
 the builtin trainer's) is recorded in report.json's ``expectations`` and progress.json's result: a peak over the
 budget fails the job (ExpectationsMet=False), as it does for the builtin trainer.
@@ -28,6 +32,7 @@ from typing import Any
 
 from forge_replay.frameworks.flags import BACKENDS
 from forge_replay.backends.probe import memory_peak
+from forge_replay.dumps.verify_record import MAX_RECORD_BYTES, RECORD_FILE
 from forge_replay.dumps.writing import now_rfc3339, write_atomically
 from forge_replay.verdict.checks import Check, Limits, check_report, unmet_line
 
@@ -60,14 +65,35 @@ def outcome(exit_code: int, script: str) -> tuple[str, str]:
     return "Failed", f"{script} exited with status {exit_code}"
 
 
+def preflight(results: str) -> dict[str, Any] | None:
+    """report.json's ``preflight`` of a slime / miles run: the verify record in ``results`` and its ``notes`` (what
+    the framework would drop of the dumps without a word); None when there is no record (no verify Job, no results
+    claim, or spec.replay.verify false)."""
+    path = os.path.join(results, RECORD_FILE)
+    try:
+        if os.path.getsize(path) > MAX_RECORD_BYTES:
+            raise ValueError(f"larger than {MAX_RECORD_BYTES // 2**20} MiB")
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return {"record": path, "notes": [], "note": f"cannot read the verify record: {exc}"}
+    notes = document.get("notes") if isinstance(document, dict) else None
+    return {"record": path, "notes": [n for n in notes if isinstance(n, str)] if isinstance(notes, list) else []}
+
+
 def report(job: str, backend: str, script: str, exit_code: int, total: int, peak: dict[str, Any] | None,
-           finished_at: str, limits: Limits | None = None) -> dict[str, Any]:
-    """report.json of a slime / miles run: the builtin trainer's keys that mean something here, and with
-    ``limits`` the verdict on them (``expectations``, as the builtin trainer's report holds it)."""
+           finished_at: str, limits: Limits | None = None, checked: dict[str, Any] | None = None) -> dict[str, Any]:
+    """report.json of a slime / miles run: the builtin trainer's keys that mean something here, with ``limits``
+    the verdict on them (``expectations``, as the builtin trainer's report holds it), and with ``checked`` what
+    verify noted before the run (``preflight``, :func:`preflight`)."""
     phase, message = outcome(exit_code, script)
     document: dict[str, Any] = {"job": job, "backend": backend, "script": script, "exit_code": exit_code,
                                 "partial": False, "planned": total, "error": message or None,
                                 "finished_at": finished_at, "summary": {"memory_peak": peak}}
+    if checked is not None:
+        document["preflight"] = checked
     if limits is not None and exit_code == 0:  # as the builtin trainer: a run that failed is not judged
         document["expectations"] = [c.to_dict() for c in check_report(document, limits, records_losses=False)]
     return document
@@ -124,7 +150,7 @@ def publish(results: str, job: str, backend: str, script: str, exit_code: int, t
     problems met (each one line), none of which stops the others. ``limits``: spec.expect's, checked here."""
     peak = memory_peak(os.path.join(results, PROBE_FOLDER))  # None when the folder is missing or empty
     finished = now_rfc3339()
-    document = report(job, backend, script, exit_code, total, peak, finished, limits)
+    document = report(job, backend, script, exit_code, total, peak, finished, limits, preflight(results))
     text = json.dumps(progress(exit_code, script, total, peak, finished, document.get("expectations")),
                       sort_keys=True, allow_nan=False)
     problems = []
