@@ -325,8 +325,8 @@ memory probe's peak of such a run (backends/probe.py, backends/publish.py)."""
     "",
     "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' "
     "|| (!has(self.expect.maxFallbacks) && !has(self.expect.minTokensPerSecond) && !has(self.expect.baseline))",
-    "spec.expect: backend slime or miles records only its memory peak: maxFallbacks, minTokensPerSecond and "
-    "baseline cannot be checked (maxPeakMemoryGiB can)",
+    "spec.expect: backend slime or miles records only its memory peak and outcome: maxFallbacks, "
+    "minTokensPerSecond and baseline cannot be checked (maxPeakMemoryGiB and outcome can)",
     ".expect",
 )
 def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
@@ -335,8 +335,8 @@ def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
         return []
     asked = {"maxFallbacks": e.max_fallbacks is not None, "minTokensPerSecond": e.min_tokens_per_second is not None,
              "baseline": e.baseline is not None}
-    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB, from "
-                    "the memory probe, can be checked)")
+    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB and "
+                    "outcome, from the memory probe, can be checked)")
             for name, why in FOREIGN_TRAINER_UNRECORDED.items() if asked[name]]
 
 
