@@ -100,25 +100,38 @@ def _remove_cgroup(child: Path) -> None:
 def test_publish_reports_the_kernels_kill_of_a_worker(tmp_path) -> None:
     """A stand-in of a team's trainer process starts as Ray starts its workers (the setup hook first), then outgrows
     its cgroup's 64 MiB: the kernel kills it (SIGKILL, nothing of its own written), and the cgroup's oom_kill count,
-    read against the baseline its hook recorded, says so to the publish step (run on the same node, before the
-    cgroup is removed)."""
+    read against the baseline the first worker's hook recorded, says so: to a surviving worker's probe (its file
+    is what the publish step on another node reads) and to the publish step on the same node (before the cgroup is
+    removed)."""
     limit = 64 * 2**20
     child = _child_cgroup(f"forge-replay-test-{os.getpid()}", limit)
     results = tmp_path / "results"
     folder = results / publish.PROBE_FOLDER
+    join = lambda: (child / "cgroup.procs").write_text(str(os.getpid()))  # noqa: E731
+    env = {**os.environ, probe.PROBE_DIR_ENV: str(folder), "PYTHONPATH": package_root(),
+           probe.INTERVAL_ENV: "0.1"}
+    hook = "from forge_replay.backends.probe import setup_hook; setup_hook()\n"
+    # Another worker of the same cgroup that survives (an idle Ray worker, another rank): its probe sees the kill.
+    survivor = subprocess.Popen([sys.executable, "-c", hook + "import sys; sys.stdin.read()"], env=env,
+                                stdin=subprocess.PIPE, preexec_fn=join)
     try:
-        env = {**os.environ, probe.PROBE_DIR_ENV: str(folder), "PYTHONPATH": package_root()}
-        code = ("from forge_replay.backends.probe import setup_hook; setup_hook()\n"
-                "held = [b'x' * 2**20 for _ in range(256)]\n")
-        done = subprocess.run([sys.executable, "-c", code], env=env, timeout=120, capture_output=True,
-                              preexec_fn=lambda: (child / "cgroup.procs").write_text(str(os.getpid())))
+        wait = time.monotonic() + 60
+        while not list(folder.glob("cgroup-*.json")) and time.monotonic() < wait:
+            time.sleep(0.1)
+        done = subprocess.run([sys.executable, "-c", hook + "held = [b'x' * 2**20 for _ in range(256)]\n"],
+                              env=env, timeout=120, capture_output=True, preexec_fn=join)
         assert done.returncode == -signal.SIGKILL, done.stderr
         [baseline] = folder.glob("cgroup-*.json")
         assert json.loads(baseline.read_text())["cgroup"] == str(child)
+        while not list(folder.glob("oomkill-*.json")) and time.monotonic() < wait:
+            time.sleep(0.1)
+        seen = out_of_memory.kernel_record(str(folder), host="the-head-on-another-node")  # its file alone
+        assert seen is not None and seen["how_much"]["limit_bytes"] == limit, list(folder.iterdir())
         # The team's script saw its worker die and exited 1; the publish step runs on the same node.
         assert publish.main(["--results", str(results), "--exit-code", "1", "--backend", "slime",
                              "--script", "train.py", "--total", "4", "--log", os.devnull]) == 0
     finally:
+        survivor.communicate(timeout=30)
         _remove_cgroup(child)
     report = json.loads((results / "report.json").read_text())
     record = report["out_of_memory"]
@@ -220,7 +233,8 @@ def test_an_expected_out_of_memory_is_a_result_that_succeeded_and_the_operator_s
     doc = byo_job("slime", metadata={"name": "big", "namespace": "ml", "uid": "u", "generation": 1},
                   spec__expect={"outcome": "outOfMemory"}, status={"rayJobName": "big", "phase": "Running"})
     rayjob = {"metadata": {"name": "big"}, "spec": {}, "status": {
-        "jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed", "endTime": "2026-12-02T12:00:00Z"}}
+        "jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+        "endTime": "2026-12-02T12:00:00Z"}}
     status = status_from(parse_job(doc), rayjob, None, progress, now=datetime(2026, 12, 2, 12, 0, 5,
                                                                               tzinfo=timezone.utc))
     assert (status["phase"], status["outcome"], status["outOfMemory"]["signal"]) == (

@@ -230,7 +230,8 @@ FALLBACKS_MET = {"name": "maxFallbacks", "passed": True, "observed": 0, "limit":
      ["outcome"]),
     # The runtime's own record and verdict (it exits 0 when the expected out-of-memory came).
     ({"outcome": "outOfMemory"}, rayjob("Complete", "SUCCEEDED"),
-     published(phase="Succeeded", outcome="outOfMemory", out_of_memory=CUDA_OOM, expectations=[OUTCOME_MET]), [HEAD_POD],
+     published(phase="Succeeded", outcome="outOfMemory", out_of_memory=CUDA_OOM, expectations=[OUTCOME_MET]),
+     [HEAD_POD],
      "Succeeded", ("True", "ExpectationsMet"), ["outcome"]),
     # The same, with the Ray job failed (the slime / miles script's own exit status): still met.
     ({"outcome": "outOfMemory"}, rayjob(),
@@ -245,7 +246,8 @@ FALLBACKS_MET = {"name": "maxFallbacks", "passed": True, "observed": 0, "limit":
      published(completed=4, phase="Succeeded", outcome="fits", expectations=[FALLBACKS_MET]), [HEAD_POD], "Failed",
      ("False", "ExpectationsNotMet"), ["maxFallbacks", "outcome"]),
     # Expected to fit, ran out of memory: OutOfMemory is the reason, the verdict says not met.
-    ({"outcome": "fits"}, rayjob(), published(phase="Failed", outcome="outOfMemory", out_of_memory=CUDA_OOM), [HEAD_POD],
+    ({"outcome": "fits"}, rayjob(), published(phase="Failed", outcome="outOfMemory", out_of_memory=CUDA_OOM),
+     [HEAD_POD],
      "Failed", ("False", "ExpectationsNotMet"), ["outcome"]),
     # Failed for another reason: not judged, as before.
     ({"outcome": "outOfMemory"}, rayjob(), published(phase="Failed", outcome="failed"), [HEAD_POD], "Failed",

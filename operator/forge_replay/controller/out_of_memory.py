@@ -1,4 +1,5 @@
-"""How a job's run ended, as a memory test reads it (``status.outcome``), and its out-of-memory (``status.outOfMemory``).
+"""How a job's run ended, as a memory test reads it (``status.outcome``), and its out-of-memory
+(``status.outOfMemory``).
 
 Where each comes from, best first:
 
@@ -118,13 +119,13 @@ def finding(job: Any, previous: dict[str, Any], progress: ProgressReport | None,
         return Finding("outOfMemory", _camel(record), kills[0].finished_at)
     if result is not None and result.outcome is not None:
         return Finding(result.outcome)
-    if phase not in TERMINAL and result is None:
+    if result is None and (phase not in TERMINAL or previous.get("outcome")):  # nothing new: what the status says
         return Finding(previous.get("outcome"))
     failed = {e.name for e in (result.expectations if result is not None else None) or [] if not e.passed}
     if "maxPeakMemoryGiB" in failed:
         return Finding("overBudget")
     succeeded = (result.phase if result is not None else phase) == "Succeeded"
-    return Finding("fits" if succeeded else previous.get("outcome") or "failed")
+    return Finding("fits" if succeeded else "failed")
 
 
 def rollouts_done(job: Any, previous: dict[str, Any], progress: ProgressReport | None) -> tuple[int, int]:
