@@ -338,8 +338,8 @@ memory probe's peak of such a run (backends/probe.py, backends/publish.py)."""
     "",
     "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' "
     "|| (!has(self.expect.maxFallbacks) && !has(self.expect.minTokensPerSecond) && !has(self.expect.baseline))",
-    "spec.expect: backend slime or miles records only its memory peak: maxFallbacks, minTokensPerSecond and "
-    "baseline cannot be checked (maxPeakMemoryGiB can)",
+    "spec.expect: backend slime or miles records only its memory peak and outcome: maxFallbacks, "
+    "minTokensPerSecond and baseline cannot be checked (maxPeakMemoryGiB and outcome can)",
     ".expect",
 )
 def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
@@ -348,23 +348,25 @@ def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
         return []
     asked = {"maxFallbacks": e.max_fallbacks is not None, "minTokensPerSecond": e.min_tokens_per_second is not None,
              "baseline": e.baseline is not None}
-    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB, from "
-                    "the memory probe, can be checked)")
+    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB and "
+                    "outcome, from the memory probe, can be checked)")
             for name, why in FOREIGN_TRAINER_UNRECORDED.items() if asked[name]]
 
 
 @_rule(
     "expect",
-    "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline)",
-    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or baseline)",
+    "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline) || "
+    "has(self.outcome)",
+    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, baseline or outcome)",
     "",
 )
 def _expect_not_empty(spec: SpecParts) -> list[Problem]:
     e = spec.expect
     if e is not None and all(v is None for v in (e.max_peak_memory_gib, e.max_fallbacks, e.min_tokens_per_second,
-                                                 e.baseline)):
-        return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or "
-                        "baseline, or remove spec.expect (an empty gate would pass having checked nothing)")]
+                                                 e.baseline, e.outcome)):
+        return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, "
+                        "baseline or outcome, or remove spec.expect (an empty gate would pass having checked "
+                        "nothing)")]
     return []
 
 

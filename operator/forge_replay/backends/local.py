@@ -178,8 +178,10 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
             err: Callable[[str], None], model_root: str | None = None) -> int:
     """``forge-replay run`` for a slime / miles job whose input :func:`input_problem` accepted, with its results
     folder held (the caller's lock, the previous run's files set aside): its exit status (0 succeeded, 1 failed,
-    2 unusable input or dumps that verify refused, 3 an unmet spec.expect)."""
-    from forge_replay.runtime.run_inputs import EXIT_FAILED, EXIT_UNUSABLE, Unusable, synthesize_if_absent
+    2 unusable input or dumps that verify refused, 3 an unmet spec.expect, 4 out of memory; 0 when
+    spec.expect.outcome expects it)."""
+    from forge_replay.runtime.run_inputs import (EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_UNUSABLE, Unusable,
+                                                 synthesize_if_absent)
 
     spec = job.spec
     if synth_missing:
@@ -196,6 +198,14 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")
+    try:
+        ran_out = json.loads(Path(results_dir, "report.json").read_text(encoding="utf-8")).get("out_of_memory")
+    except (OSError, ValueError, AttributeError):
+        ran_out = None
+    if ran_out:  # the publish step's record (backends.out_of_memory)
+        err(f"forge-replay run {file}: out of memory ({ran_out.get('signal')}): {ran_out.get('message', '')}")
+        expected = spec.expect is not None and spec.expect.outcome == "outOfMemory"
+        return _verdict_exit(file, results_dir, spec, err) if expected else EXIT_OUT_OF_MEMORY
     if status != "SUCCEEDED":
         return EXIT_FAILED
     return _verdict_exit(file, results_dir, spec, err)
