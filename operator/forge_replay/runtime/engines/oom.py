@@ -211,13 +211,17 @@ def engine_record(refusal: Refusal, at: EngineAt) -> OutOfMemory:
 
 
 def ray_monitor_record(message: str, at: EngineAt) -> OutOfMemory:
-    """The record of Ray's memory monitor killing an engine's actor (``ray.exceptions.OutOfMemoryError``, Ray 2.60:
-    "... Memory on the node (IP ..., ID ...) was 4.73GB used / 23.54GB limit ... Memory usage 5079146496B
-    exceeded threshold of 5055212032B (20.0% of 25276059648B limit) ... pid=10883, actual memory used=1.55GB
-    ..."): the node's limit, the killed worker's pid (the engine's actor; its engine process died with it)."""
+    """The record of Ray's memory monitor killing an engine's actor (``ray.exceptions.OutOfMemoryError``, whose only
+    attribute is its message; Ray 2.60: "1 worker(s) were killed due to the node running low on memory. Memory on
+    the node (IP: ..., ID: ...) was 4.73GB used / 23.54GB limit ...\nOOM kill reason: Memory usage 5079146496B
+    exceeded threshold of 5055212032B (20.0% of 25276059648B limit)\n... Selected to kill: (Actor(...): ...
+    pid=10883, actual memory used=1.55GB, ...)"): the node, its limit and the killed worker's pid (the engine's
+    actor; its engine process died with it, PDEATHSIG)."""
     limit = re.search(r"\(\s*[\d.]+% of (\d+)B limit\)", message)
     pid = re.search(r"\bpid=(\d+)", message)
-    node = re.search(r"Memory on the node \(IP ([^,\s)]+)", message)
+    node = re.search(r"Memory on the node \(IP:? ([^,\s)]+)", message)
+    lines = message.strip().splitlines()
+    said = [line for number, line in enumerate(lines) if number < 2 or line.startswith("Selected to kill")]
     return OutOfMemory(
         signal="rayMemoryMonitor",
         where=OutOfMemoryWhere(component="engine", engine=at.engine, node=node.group(1) if node else at.node,
@@ -225,7 +229,7 @@ def ray_monitor_record(message: str, at: EngineAt) -> OutOfMemory:
         when=OutOfMemoryWhen(rollout=at.rollout, phase=at.phase, at=_now()),
         how_much=OutOfMemoryHowMuch(limit_bytes=int(limit.group(1)) if limit else None),
         message=_shorten(f"Ray's memory monitor killed engine {at.engine}'s actor (its engine process died with "
-                         f"it): {message.strip()}"),
+                         f"it): " + " ".join(said)),
     )
 
 
