@@ -219,3 +219,17 @@ def test_the_double_refuses_a_kv_cache_that_does_not_fit_with_sglangs_own_except
     # sglang's budget, in GiB floats (kv_cache_configurator.py:3007-3060): half the device less the weights
     assert roomy.refusal is None and abs(roomy.max_total_num_tokens - ((1 << 19) - weights) // 128) <= 1
     assert roomy.free_bytes == (1 << 20) - weights - roomy.kv_pool_bytes
+
+
+def test_a_push_that_failed_for_memory_keeps_the_record_across_ray():
+    """The driver's weight sync (runtime/weights/sync.py) keeps an engine's RanOutOfMemory whole through the
+    PushFailed it raises when one side of a push fails (Ray pickles it between the rollout manager and the driver)."""
+    import pickle
+
+    from forge_replay.runtime.weights.sync import PushFailed
+
+    record = engine_record(read_answer(f"Failed to receive weights: {TORCH_OOM}"),
+                           EngineAt(engine=1, phase="engineServing", rollout=2))
+    failed = pickle.loads(pickle.dumps(PushFailed("broadcasting weight version 3: ...", stuck=[],
+                                                  out_of_memory=RanOutOfMemory(record))))
+    assert isinstance(failed.out_of_memory, RanOutOfMemory) and failed.out_of_memory.record == record
