@@ -42,7 +42,7 @@ def gather(refs: list, indices: Sequence[int], phase: str, rollout: int | None =
     return ray.get(refs)
 
 
-def alive(actor, at: EngineAt) -> tuple[bool, str]:
+def engine_alive(actor, at: EngineAt) -> tuple[bool, str]:
     """Whether the engine of ``actor`` runs, and why not (its exit code, or its actor's death); Ray's memory
     monitor having killed the actor raises :class:`RanOutOfMemory`."""
     import ray

@@ -23,7 +23,7 @@ from pathlib import Path
 from forge_replay.api.outcome import OutOfMemory, RanOutOfMemory
 from forge_replay.api.paths import ENGINE_RAY_RESOURCE
 from forge_replay.runtime.engines.actor import EngineInfo, engine_actor_class
-from forge_replay.runtime.engines.deaths import alive, gather, out_of_memory, refused_for_memory
+from forge_replay.runtime.engines.deaths import engine_alive, gather, out_of_memory, refused_for_memory
 from forge_replay.runtime.engines.distributed_push import DistributedPush
 from forge_replay.runtime.engines.eval_fleet import EvalFleet
 from forge_replay.runtime.engines.faults import FAULTS_ENV, FaultInjector
@@ -265,7 +265,7 @@ class EngineFleet(DistributedPush):
         log.info("forge mode: starting %d engine(s): %s", self.settings.num_engines, " ".join(self.command))
         self.engines = [_Engine(i, self._new_actor(i)) for i in range(self.settings.num_engines)]
         infos = gather([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines],
-                               [e.index for e in self.engines], ENGINE_START)
+                       [e.index for e in self.engines], ENGINE_START)
         self.generation += 1
         for engine, info in zip(self.engines, infos, strict=True):
             engine.info = info
@@ -499,7 +499,7 @@ class EngineFleet(DistributedPush):
             return list(pool.map(action, urls))
 
     def _alive(self, engine: _Engine) -> tuple[bool, str]:
-        return alive(engine.actor, self._engine_at(engine))
+        return engine_alive(engine.actor, self._engine_at(engine))
 
     def _require_all_alive(self, step: int) -> None:
         for engine in self.engines:
