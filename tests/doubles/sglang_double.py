@@ -25,11 +25,21 @@ behaviour citing the sglang source it follows (paths under ``python/sglang/srt/`
   (``utils/torch_memory_saver_adapter.py``), noted in the call log;
 - the weight group is formed with sglang's own ``init_custom_process_group`` when sglang is installed
   (``utils/common.py``).
+- out of memory, on a stand-in GPU of ``--double-gpu-memory-gib G`` (or ``$SGLANG_DOUBLE_GPU_MEMORY_GIB``;
+  ``tests/doubles/sglang_memory.py``): the KV cache that does not fit at ``--mem-fraction-static`` after the
+  model's weights is refused at start with sglang's own exception (``mem_cache/kv_cache_configurator.py:3043-3058``,
+  ``model_executor/pool_configurator.py:94-99``), and a forward pass (``/generate``, ``/health_generate``) that
+  needs more than stays free raises torch's CUDA OOM; either way the process ends as sglang's does, the
+  "Scheduler hit an exception:" block and the SIGQUIT line in its log, then SIGKILL (returncode -9;
+  ``managers/scheduler.py:6370-6373``, ``utils/common.py:2551-2554``). A ``/update_weights_from_distributed``
+  bucket that does not fit is answered 400 "Failed to receive weights: CUDA out of memory ..." as 0.5.23 catches it
+  (``managers/scheduler_components/weight_updater.py:201-211``).
 
 Records (JSON, under ``--record-dir`` or ``$SGLANG_DOUBLE_RECORD_DIR``, one set per port):
 - ``start-<port>.json``: pid, pgid, argv, ``sglang_version``, ``sglang_parser`` ("real <version>" or
   "fallback"), the parsed args and the unknown ones (the latest start; ``starts-<port>.jsonl`` keeps every
-  start on that port, e.g. after a recovery);
+  start on that port, e.g. after a recovery), and ``memory``: the stand-in GPU's budget (device, weights, cell
+  size, tokens, what stays free) and the refusal, if any;
 - ``calls-<port>.jsonl``: one line per request: time, method, path, status answered, JSON body (plus
   ``received`` and the double's ``double`` notes: memory released or not, how the weight group was formed);
 - ``stop-<port>.json``: written when it is stopped by SIGTERM/SIGINT.
@@ -83,7 +93,8 @@ the model path) at start unless ``--skip-tokenizer-init`` (``python/sglang/srt/m
 0.5.19 and 0.5.23), and dies without one."""
 
 SERVER_FIELDS = ("host", "port", "model_path", "tokenizer_path", "load_format", "tp_size", "base_gpu_id",
-                 "skip_server_warmup", "skip_tokenizer_init", "enable_memory_saver", "dtype", "weight_version")
+                 "skip_server_warmup", "skip_tokenizer_init", "enable_memory_saver", "dtype", "weight_version",
+                 "mem_fraction_static", "page_size", "kv_cache_dtype")
 """The sglang ServerArgs fields the double acts on (names as in ``python/sglang/srt/server_args.py``)."""
 
 
@@ -131,6 +142,13 @@ def double_parser() -> argparse.ArgumentParser:
              "without joining, as sglang does when its process group cannot be made; the others join (double only)",
     )
     parser.add_argument(
+        "--double-gpu-memory-gib", type=float, metavar="G",
+        default=float(os.environ.get("SGLANG_DOUBLE_GPU_MEMORY_GIB") or 0) or None,
+        help="the size of the stand-in GPU (or $SGLANG_DOUBLE_GPU_MEMORY_GIB): the engine's memory is then "
+             "budgeted as sglang 0.5.23 budgets it, and what does not fit is refused as sglang refuses it "
+             "(tests/doubles/sglang_memory.py); without it, nothing is refused for lack of memory (double only)",
+    )
+    parser.add_argument(
         "--refuse-bucket", type=int, default=0, metavar="K",
         help="receive the K-th /update_weights_from_distributed bucket, then answer 400 {success: false} as "
              "sglang does when loading it fails (double only)",
@@ -154,6 +172,9 @@ def fallback_server_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-memory-saver", action="store_true")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--weight-version", default="default")
+    parser.add_argument("--mem-fraction-static", type=float, default=None)
+    parser.add_argument("--page-size", type=int, default=None)
+    parser.add_argument("--kv-cache-dtype", default="auto")
     return parser
 
 
@@ -178,6 +199,22 @@ def real_sglang():
                 module = False
         _REAL_SGLANG = module
     return _REAL_SGLANG or None
+
+
+_MEMORY = None
+
+
+def sglang_memory():
+    """tests/doubles/sglang_memory.py (the stand-in GPU), loaded by path since this file runs as a script."""
+    global _MEMORY
+    if _MEMORY is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("sglang_double_memory", Path(__file__).with_name("sglang_memory.py"))
+        _MEMORY = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = _MEMORY
+        spec.loader.exec_module(_MEMORY)
+    return _MEMORY
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -239,6 +276,8 @@ class DoubleState:
         self.disk_requests = 0
         self.weight_group_devices: dict[str, str] = {}
         self.record_dir = Path(args.record_dir) if args.record_dir else None
+        self.memory = None
+        """The stand-in GPU's budget (``sglang_memory.DeviceMemory``) with ``--double-gpu-memory-gib``."""
         if self.record_dir is not None:
             self.record_dir.mkdir(parents=True, exist_ok=True)
 
@@ -324,7 +363,40 @@ def _health_generate(state: DoubleState, body: dict) -> tuple[int, object]:
         time.sleep(state.args.health_generate_seconds)
     if state.memory_released:
         return 503, "memory released: resume it before generating"
+    # sglang's /health_generate generates one token from input_ids [0] (python/sglang/srt/entrypoints/http_server.py)
+    _forward(state, "/health_generate", tokens=1, sequences=1)
     return _health(state, body)
+
+
+def _forward(state: DoubleState, path: str, *, tokens: int, sequences: int) -> None:
+    """A forward pass of ``tokens`` tokens in ``sequences`` sequences on the stand-in GPU: one that needs more than
+    stays free kills the server as sglang's uncaught scheduler exception does, the request left open
+    (tests/doubles/sglang_memory.py); the decision goes to the call log first."""
+    memory = state.memory
+    if memory is None:
+        return
+    module = sglang_memory()
+    need = module.forward_bytes(memory, tokens, sequences)
+    if need <= memory.free_bytes:
+        return
+    in_use = memory.device_bytes - memory.free_bytes
+    error = module.cuda_out_of_memory(memory, need, state.args.base_gpu_id or 0, in_use)
+    state.record_call("POST", path, {"double": {"out_of_memory": {
+        "requested_bytes": need, "free_bytes": memory.free_bytes, "tokens": tokens, "sequences": sequences,
+        "refusal": f"{type(error).__module__}.{type(error).__name__}: {error}"}}}, None)
+    module.die_like_sglang(error, serving=True)
+
+
+def _batch(body: dict) -> tuple[int, int]:
+    """(tokens, sequences) of a /generate body: ``input_ids`` (one list or a batch of lists) or ``text`` (one
+    string or a list; a token per byte, the double having no tokenizer)."""
+    ids = body.get("input_ids")
+    if ids is not None:
+        batch = ids if ids and isinstance(ids[0], list) else [ids]
+        return sum(len(sequence) for sequence in batch), len(batch)
+    text = body.get("text") or ""
+    batch = text if isinstance(text, list) else [text]
+    return sum(max(1, len(str(t).encode())) for t in batch), len(batch)
 
 
 def _flush_cache(state: DoubleState, body: dict) -> tuple[int, object]:
@@ -481,8 +553,12 @@ def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[in
         state.distributed_requests += 1
         number = state.distributed_requests
     die = number == state.args.die_during_broadcast and _first_death(state)
-    abs_sum = 0.0
+    abs_sum, allocated = 0.0, 0
     for dtype, shape in zip(body["dtypes"], body["shapes"], strict=True):
+        allocated += _element_count(shape) * getattr(torch, dtype).itemsize
+        refused = _bucket_refusal(state, allocated)
+        if refused is not None:
+            return refused
         tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=state.weight_group_devices[body["group_name"]])
         dist.broadcast(tensor, src=0, group=group)
         abs_sum += float(tensor.double().abs().sum())
@@ -496,6 +572,31 @@ def _update_weights_from_distributed(state: DoubleState, body: dict) -> tuple[in
     if body.get("weight_version") is not None and not state.args.pin_weight_version:
         state.weight_version = str(body["weight_version"])
     return 200, {"success": True, "message": "", "received": {"tensors": len(body["names"]), "abs_sum": abs_sum}}
+
+
+def _element_count(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= int(size)
+    return count
+
+
+def _bucket_refusal(state: DoubleState, allocated: int) -> tuple[int, object, dict] | None:
+    """sglang allocates every tensor of a bucket on the device before receiving it
+    (python/sglang/srt/model_executor/model_runner_components/weight_updater.py:281-297); the allocation that does
+    not fit in what stays free raises torch's OutOfMemoryError, which 0.5.23 catches and answers as a failed update
+    (managers/scheduler_components/weight_updater.py:201-211, HTTP 400): the engine lives on, and the trainer's
+    broadcast of the tensors it never received waits for it (tests/doubles/sglang_memory.py)."""
+    memory = state.memory
+    if memory is None or allocated <= memory.free_bytes:
+        return None
+    module = sglang_memory()
+    error = module.cuda_out_of_memory(memory, allocated, state.args.base_gpu_id or 0,
+                                      memory.device_bytes - memory.free_bytes)
+    message = f"Failed to receive weights: {error}"
+    print(f"{module._stamp()} {message}", file=sys.stderr, flush=True)
+    return 400, {"success": False, "message": message}, {"out_of_memory": {
+        "requested_bytes": allocated, "free_bytes": memory.free_bytes}}
 
 
 def _first_death(state: DoubleState) -> bool:
@@ -597,6 +698,8 @@ def _continue_generation(state: DoubleState, body: dict) -> tuple[int, object]:
 
 
 def _generate(state: DoubleState, body: dict) -> tuple[int, object]:
+    tokens, sequences = _batch(body)
+    _forward(state, "/generate", tokens=tokens, sequences=sequences)
     return 200, {
         "text": "",
         "output_ids": [],
@@ -651,25 +754,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sglang_double: {problem}", file=sys.stderr, flush=True)
         return 1
     state = DoubleState(args, unknown)
+    if args.double_gpu_memory_gib:
+        state.memory = sglang_memory().plan_memory(args, args.double_gpu_memory_gib)
     if args.startup_delay:
         time.sleep(args.startup_delay)
+    if state.memory is not None and state.memory.refusal:
+        _record_start(state, argv)  # what it decided, then the end of sglang's start-up
+        sglang_memory().die_like_sglang(sglang_memory().refusal_exception(state.memory), serving=False)
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     server.daemon_threads = True
-    start = {
-        "pid": os.getpid(),
-        "pgid": os.getpgid(0),
-        "argv": sys.argv if argv is None else argv,
-        "sglang_version": args.sglang_version,
-        "sglang_parser": args.sglang_parser,
-        "known": vars(args),
-        "unknown": unknown,
-        "time": time.time(),
-    }
-    state.write_json("start", start)
-    starts = state.record_file("starts", "jsonl")
-    if starts is not None:
-        with open(starts, "a", encoding="utf-8") as out:
-            out.write(json.dumps(start) + "\n")
+    _record_start(state, argv)
 
     def _stop(signum: int, frame: object) -> None:
         state.write_json("stop", {"pid": os.getpid(), "signal": signum, "time": time.time()})
@@ -680,6 +774,27 @@ def main(argv: list[str] | None = None) -> int:
     server.serve_forever(poll_interval=0.1)
     server.server_close()
     return 0
+
+
+def _record_start(state: DoubleState, argv: list[str] | None) -> None:
+    """``start-<port>.json`` (and a line of ``starts-<port>.jsonl``): who started, how, and the memory budget."""
+    args = state.args
+    start = {
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "argv": sys.argv if argv is None else argv,
+        "sglang_version": args.sglang_version,
+        "sglang_parser": args.sglang_parser,
+        "known": vars(args),
+        "unknown": state.unknown,
+        "memory": None if state.memory is None else state.memory.record(),
+        "time": time.time(),
+    }
+    state.write_json("start", start)
+    starts = state.record_file("starts", "jsonl")
+    if starts is not None:
+        with open(starts, "a", encoding="utf-8") as out:
+            out.write(json.dumps(start) + "\n")
 
 
 if __name__ == "__main__":

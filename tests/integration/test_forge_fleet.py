@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from forge_replay.api import parse_job
+from forge_replay.api.outcome import RanOutOfMemory
 from forge_replay.runtime.engines.eval_fleet import EvalFleetUnhealthy
 from forge_replay.runtime.engines.faults import FAULTS_ENV
 from forge_replay.runtime.engines.fleet import EngineDead, EngineFleet
-from forge_replay.runtime.engines.http import engine_call
+from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
 from forge_replay.runtime.gating import plan_rollout_side
 from tests.integration.processes import pid_alive
 
@@ -30,7 +31,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
 
 
-def make_job(ft_enabled: bool = False, components: list[str] | None = None, engines: int = 2):
+def make_job(ft_enabled: bool = False, components: list[str] | None = None, engines: int = 2, *,
+             model: dict | None = None, engine_args: dict | None = None, dtype: str | None = None):
     ft: dict = {"enabled": ft_enabled, "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 2}}
     if components is not None:
         ft["components"] = components
@@ -40,9 +42,10 @@ def make_job(ft_enabled: bool = False, components: list[str] | None = None, engi
         "metadata": {"name": "fleet-test"},
         "spec": {
             "replay": {"mode": "forge", "dumps": {"claimName": "d", "path": "rollout_{rollout_id}.pt"}, "numRollouts": 2},
-            "model": {"config": {"architectures": ["LlamaForCausalLM"], "hidden_size": 16}},
-            "trainer": {"gpusPerNode": 0},
-            "rollout": {"numGpus": engines, "numGpusPerEngine": 1, "engineArgs": {"context-length": "256"}},
+            "model": {"config": model or {"architectures": ["LlamaForCausalLM"], "hidden_size": 16}},
+            "trainer": {"gpusPerNode": 0, **({"dtype": dtype} if dtype else {})},
+            "rollout": {"numGpus": engines, "numGpusPerEngine": 1,
+                        "engineArgs": engine_args or {"context-length": "256"}},
             "faultTolerance": ft,
         },
     })
@@ -71,9 +74,9 @@ class Records:
         return (self.dir / f"stop-{port}.json").exists()
 
 
-def new_fleet(job, tmp_path: Path) -> tuple[EngineFleet, Records]:
+def new_fleet(job, tmp_path: Path, double_flags: str = "") -> tuple[EngineFleet, Records]:
     record_dir = tmp_path / "double"
-    command = f"{sys.executable} {DOUBLE} --record-dir {record_dir}"
+    command = f"{sys.executable} {DOUBLE} --record-dir {record_dir} {double_flags}"
     fleet = EngineFleet.from_job(job, engine_command=command, model_root=None, work_dir=tmp_path / "work",
                                  startup_timeout_s=180)  # sglang's own parser, imported at start, is slow
     return fleet, Records(record_dir)
@@ -282,3 +285,75 @@ def test_colocated_engines_are_pinned_to_the_bundle_of_the_trainer_rank_on_their
             assert base == base_gpu and "num_gpus" not in options  # shares the trainer's GPUs, holds none
     finally:
         remove_placement_group(group)
+
+
+# ---------------------------------------------------------------------------------------------- out of memory
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
+}
+TINY_WEIGHTS = 25696 * 4
+"""Its weights in float32 (tests/unit/test_engine_oom.py checks the double counts them so); a token of KV cache
+takes 1 KV head * (16 + 16) * 1 layer * 4 bytes = 128 bytes."""
+
+
+def oom_job(fraction: str, engines: int, ft: bool = False):
+    return make_job(ft, ["rollout"] if ft else None, engines, model=TINY_LLAMA, dtype="float32",
+                    engine_args={"mem-fraction-static": fraction})
+
+
+def test_an_engine_whose_kv_cache_does_not_fit_fails_the_start_out_of_memory_naming_it(tmp_path):
+    """A stand-in GPU on which the weights fit at mem-fraction-static 0.5 but leave under one token of KV cache:
+    sglang's own MemoryPoolConfig refuses it in the double, which ends as sglang's server ends (SIGKILL)."""
+    device_gib = (TINY_WEIGHTS + 64) / 0.5 / (1 << 30)
+    fleet, records = new_fleet(oom_job("0.5", engines=1), tmp_path, f"--double-gpu-memory-gib {device_gib!r}")
+    try:
+        with pytest.raises(RanOutOfMemory) as raised:
+            fleet.start()
+    finally:
+        fleet.shutdown()
+    record = raised.value.record
+    start = records.starts(records.ports()[0])
+    assert len(start) == 1 and start[0]["memory"]["max_total_num_tokens"] == 0  # what the double decided
+    assert start[0]["memory"]["refusal"].startswith("RuntimeError: Not enough memory.")
+    assert record.signal == "sglangRefusal" and record.where.component == "engine" and record.where.engine == 0
+    assert record.where.pid == start[0]["pid"] and record.when.phase == "engineStart"
+    assert "mem-fraction-static 0.5" in record.message
+    assert "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static." in record.message
+    assert str(raised.value).startswith("out of memory (sglangRefusal): engine 0")
+    log = (tmp_path / "work" / "engine-logs" / "engine-0.log").read_text()
+    assert "Scheduler hit an exception:" in log and "Received sigquit from a child process" in log
+    assert not pid_alive(start[0]["pid"])
+
+
+def test_an_engine_that_runs_out_of_memory_serving_is_not_restarted_and_names_the_rollout(tmp_path):
+    """A 1 MiB stand-in GPU at mem-fraction-static 0.9: the engines start and take weights, then a generation batch
+    of 200 tokens needs more than stays free on engine 1, which dies as sglang's server dies (the request left
+    unanswered). With rollout FT the next weight sync would restart a dead engine: this one is not (it would never
+    fit), the sync raises its out-of-memory."""
+    fleet, records = new_fleet(oom_job("0.9", engines=2, ft=True), tmp_path, "--double-gpu-memory-gib 0.0009765625")
+    fleet.start()
+    try:
+        run_steps(fleet, 1)
+        fleet.before_generate(1)
+        victim = fleet.report()["urls"][1]
+        with pytest.raises(EngineHTTPError, match="failed"):  # no answer: the connection dropped
+            engine_call(victim, "/generate", method="POST", body={"input_ids": [list(range(200))]}, timeout_s=60)
+        fleet.before_train_step(1)
+        with pytest.raises(RanOutOfMemory) as raised:
+            fleet.after_train_step(1, weights(1))
+        report = fleet.report()
+    finally:
+        fleet.shutdown()
+    record = raised.value.record
+    port = int(victim.rsplit(":", 1)[1])
+    assert record.where.engine == 1 and record.when.phase == "engineServing" and record.when.rollout == 1
+    assert record.where.pid == records.starts(port)[0]["pid"]
+    assert record.message.count("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate") == 1
+    decided = [c["body"]["double"]["out_of_memory"] for c in records.calls(port) if c["status"] is None]
+    assert record.how_much.requested_bytes == pytest.approx(decided[0]["requested_bytes"], rel=0.01)
+    assert record.how_much.device_total_bytes == 1 << 20
+    assert len(records.starts(port)) == 1 and report["restarts"] == 0  # never restarted
+    assert report["weight_versions"] == ["1"]
+    assert not any(pid_alive(records.starts(p)[-1]["pid"]) for p in records.ports())

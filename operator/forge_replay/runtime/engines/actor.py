@@ -18,7 +18,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge_replay.runtime.engines.process import EngineProcess, ModelSource, build_engine_argv, engine_env, free_port
+from forge_replay.api.outcome import OutOfMemory, RanOutOfMemory
+from forge_replay.runtime.engines.oom import EngineAt, engine_record, read_log
+from forge_replay.runtime.engines.process import (
+    EngineProcess,
+    EngineStartError,
+    ModelSource,
+    build_engine_argv,
+    engine_env,
+    free_port,
+)
 from forge_replay.runtime.weights.disk import stage_checkpoint
 
 log = logging.getLogger(__name__)
@@ -130,16 +139,42 @@ class EngineActor:
             memory_saver=self.memory_saver,
         )
 
-    def start(self, health_timeout_s: float) -> EngineInfo:
-        """Start the engine process (again, on the same port) and wait for /health_generate."""
+    def start(self, health_timeout_s: float, rollout: int | None = None) -> EngineInfo:
+        """Start the engine process (again, on the same port) and wait for /health_generate.
+
+        A process that ended before it was healthy because it ran out of memory (its log says so, see
+        :func:`~forge_replay.runtime.engines.oom.read_log`) raises :class:`RanOutOfMemory` (phase engineStart,
+        ``rollout`` being served when it is a restart); any other end, EngineStartError."""
         if self.engine is not None and self.engine.alive():
             self.engine.stop()
         self.starts += 1
         url = f"http://{self.host}:{self.port}"
         self.engine = EngineProcess(self.argv(), url, self._log_path(), env=engine_env(os.environ))
         self.engine.start()
-        took = self.engine.wait_healthy(health_timeout_s)
+        try:
+            took = self.engine.wait_healthy(health_timeout_s)
+        except EngineStartError:
+            record = self.out_of_memory("engineStart", rollout)
+            if record is not None:
+                self.engine.note(f"out of memory at start: {record.line()}")
+                raise RanOutOfMemory(record) from None
+            raise
         return EngineInfo(self.index, url, self.engine.pid or -1, self.node_ip, took)
+
+    def out_of_memory(self, phase: str, rollout: int | None = None) -> OutOfMemory | None:
+        """Why the engine process ended, when it ran out of memory: the record of sglang's own refusal in its log
+        (phase ``engineStart`` or ``engineServing``); None while it runs, or when it ended for another reason."""
+        engine = self.engine
+        if engine is None or engine.process is None or engine.alive():
+            return None
+        refusal = read_log(engine.log_since_start())
+        if refusal is None:
+            return None
+        fraction = {k.removeprefix("--"): v for k, v in self.engine_args.items()}.get("mem-fraction-static")
+        return engine_record(refusal, EngineAt(
+            engine=self.index, phase=phase, rollout=rollout, pid=engine.pid, node=self.node_ip,
+            mem_fraction_static=None if fraction is None else str(fraction),
+        ))
 
     def stage_checkpoint(self, files: Mapping[str, bytes], version: int) -> str:
         """Write a checkpoint's files (fetched by Ray from the trainer's node) to this node's disk; its path.

@@ -14,20 +14,23 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from forge_replay.api.outcome import OutOfMemory, RanOutOfMemory
 from forge_replay.api.paths import ENGINE_RAY_RESOURCE
 from forge_replay.runtime.engines.actor import EngineInfo, engine_actor_class
+from forge_replay.runtime.engines.deaths import engine_alive, gather, out_of_memory, refused_for_memory
+from forge_replay.runtime.engines.distributed_push import DistributedPush
 from forge_replay.runtime.engines.eval_fleet import EvalFleet
 from forge_replay.runtime.engines.faults import FAULTS_ENV, FaultInjector
 from forge_replay.runtime.engines.health import HealthMonitor
-from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
+from forge_replay.runtime.engines.oom import EngineAt
 from forge_replay.runtime.engines.process import (
     ENGINE_LOGS,
-    EngineStartError,
     ModelSource,
     engine_count,
     prepare_model_source,
@@ -43,22 +46,17 @@ from forge_replay.runtime.weights.calls import (
     begin_weight_update,
     confirm_weights,
     end_weight_update,
-    post_weight_request,
     release_memory,
     resume_memory,
 )
 from forge_replay.runtime.weights.disk import push_weights_from_disk, write_versioned_checkpoint
-from forge_replay.runtime.weights.distributed import ParamMeta, WeightGroup, distributed_update_body, init_group_body
+from forge_replay.runtime.weights.distributed import WeightGroup
 from forge_replay.runtime.weights.sync import SyncTarget
 from forge_replay.runtime.weights.tensor import EngineGPUs
 
 log = logging.getLogger(__name__)
 
 ROLLOUT_GROUP = "rollout"
-NO_DISTRIBUTED_HINT = (
-    "this engine server lacks sglang's distributed weight update; set spec.rollout.weightSync: disk to push "
-    "checkpoints through /update_weights_from_disk instead"
-)
 
 
 def _is_object_ref_box(weights: object) -> bool:
@@ -90,21 +88,12 @@ def _engine_slots() -> float:
         return 0
 
 
-def _get_unwrapped(refs):
-    """ray.get, raising an engine's own error (EngineStartError with its log tail) without Ray's wrapping."""
-    import ray
-
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, EngineStartError):
-            raise EngineStartError(str(cause)) from None
-        raise
-
-
 class EngineDead(RuntimeError):
     """An engine is dead and rollout fault tolerance is off, so it is not restarted."""
+
+
+ENGINE_START, ENGINE_SERVING = "engineStart", "engineServing"
+"""The phases of an engine's out-of-memory (:data:`forge_replay.api.outcome.OomPhase`)."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +126,9 @@ class _Engine:
     stopped_by_monitor: bool = False
 
 
-class EngineFleet:
-    """All engines of one forge-mode run and everything done to them."""
+class EngineFleet(DistributedPush):
+    """All engines of one forge-mode run and everything done to them (the distributed weight push in
+    :class:`~forge_replay.runtime.engines.distributed_push.DistributedPush`)."""
 
     def __init__(
         self,
@@ -188,6 +178,8 @@ class EngineFleet:
         """Engines with a weight-update session open (:func:`begin_weight_update`)."""
         self._without_sessions: set[str] = set()
         """Engines that answered 404 to /begin_weight_update (sglang before 0.5.21): pushed to without one."""
+        self.serving_rollout: int | None = None
+        """The rollout being replayed (:meth:`before_generate`): an engine's out-of-memory names it."""
 
     # ------------------------------------------------------------------ construction
 
@@ -272,7 +264,8 @@ class EngineFleet:
         """Launch every engine, wait for /health_generate, then the router, monitor and injector."""
         log.info("forge mode: starting %d engine(s): %s", self.settings.num_engines, " ".join(self.command))
         self.engines = [_Engine(i, self._new_actor(i)) for i in range(self.settings.num_engines)]
-        infos = _get_unwrapped([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines])
+        infos = gather([e.actor.start.remote(self.settings.startup_timeout_s) for e in self.engines],
+                       [e.index for e in self.engines], ENGINE_START)
         self.generation += 1
         for engine, info in zip(self.engines, infos, strict=True):
             engine.info = info
@@ -327,6 +320,7 @@ class EngineFleet:
         """Replay of rollout ``rollout_id`` starts: monitors resume, unless colocated engines have
         released their memory for training (the driver prefetches the next rollout during training):
         then they resume after the weight sync, when the engines hold their memory again."""
+        self.serving_rollout = rollout_id
         if self.monitor is not None and not self._released:
             self.monitor.resume()
 
@@ -335,24 +329,27 @@ class EngineFleet:
         if self.monitor is not None:
             self.monitor.pause()
         if self.settings.colocate:
-            self._each(lambda url: release_memory(url, timeout_s=self.settings.push_timeout_s))
+            with self._watching():
+                self._each(lambda url: release_memory(url, timeout_s=self.settings.push_timeout_s))
             self._released = True
 
     def prepare_weight_sync(self, step: int) -> SyncTarget:
         """Before any push: monitors pause, dead engines are recovered (rollout FT) or refused, colocated
         engines take their memory back, and on the distributed and tensor paths every engine opens a weight-update
-        session. Returns the version to push and the engines' generation."""
+        session. Returns the version to push and the engines' generation. An engine found dead of an out-of-memory
+        raises :class:`RanOutOfMemory` (never restarted: the run's answer is that it does not fit)."""
         if self.monitor is not None:
             self.monitor.pause()
-        if self.plan.recover_before_weight_sync:
-            self._recover_dead_engines()
-        else:
-            self._require_all_alive(step)
-        if self._released:
-            self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
-            self._released = False
-        if self.weight_sync.path in ("distributed", "tensor"):
-            self._each(self._begin_session)
+        with self._watching():
+            if self.plan.recover_before_weight_sync:
+                self._recover_dead_engines()
+            else:
+                self._require_all_alive(step)
+            if self._released:
+                self._each(lambda url: resume_memory(url, timeout_s=self.settings.push_timeout_s))
+                self._released = False
+            if self.weight_sync.path in ("distributed", "tensor"):
+                self._each(self._begin_session)
         return SyncTarget(str(len(self.weight_versions) + 1), self.generation,
                           tuple(self.settings.gpus_per_engine for _ in self.engines), self._engine_gpus())
 
@@ -388,9 +385,9 @@ class EngineFleet:
             config = self.model.config if self.model.from_config else None
             checkpoint = write_versioned_checkpoint(weights, self.weights_dir, int(version), config=config)
             paths = {url: checkpoint for url in self.urls}
-        results = self._each(
-            lambda url: push_weights_from_disk(url, paths[url], version, timeout_s=self.settings.push_timeout_s)
-        )
+        with self._watching():
+            results = self._each(lambda url: self._refused_for_memory(
+                url, push_weights_from_disk, url, paths[url], version, timeout_s=self.settings.push_timeout_s))
         if checkpoint is not None:
             if self._previous_checkpoint is not None and self._previous_checkpoint != checkpoint:
                 shutil.rmtree(self._previous_checkpoint, ignore_errors=True)
@@ -398,78 +395,6 @@ class EngineFleet:
         self._record_push(step, version, results,
                           str(checkpoint or "each engine's node (staged through Ray's object store)"))
         return version
-
-    def init_weight_group(self, group: WeightGroup) -> None:
-        """The distributed path: every engine joins ``group`` (trainer rank 0 joins at the same time);
-        engines still in an older group leave it first."""
-        old, self._weight_group = self._weight_group, None
-        if old is not None:
-            self._each(lambda url: self._leave_weight_group(url, old.group_name))
-        urls = self.urls
-        # The first refusal is raised at once: the engines that did join wait in the group's rendezvous for the
-        # missing member (sglang's own timeout, far longer than anyone should wait), and when the trainer gives
-        # its side up their requests end; their threads are not waited for.
-        pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(urls))))
-        try:
-            joins = [pool.submit(post_weight_request, url, "/init_weights_update_group",
-                                 init_group_body(group, index),
-                                 f"joining the weight-sync group {group.group_name} at "
-                                 f"{group.master_address}:{group.master_port}",
-                                 timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT)
-                     for index, url in enumerate(urls)]
-            for join in as_completed(joins):
-                join.result()
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        self._weight_group = group
-
-    def _leave_weight_group(self, url: str, group_name: str) -> None:
-        try:
-            engine_call(url, "/destroy_weights_update_group", method="POST", body={"group_name": group_name},
-                        timeout_s=self.settings.push_timeout_s)
-        except EngineHTTPError as exc:  # a restarted engine never joined it; an older sglang has no endpoint
-            log.info("engine %s: leaving weight group %s: %s", url, group_name, exc)
-
-    def update_weights_from_distributed(self, buckets: Sequence[Sequence[ParamMeta]], version: str) -> int:
-        """The distributed path: announce every bucket to every engine while trainer rank 0 broadcasts it;
-        the last bucket carries ``version``. Returns the number of requests sent.
-
-        An engine that refuses a bucket (sglang answers 400 ``success: false`` once it received the bucket and
-        failed to load it) still takes part in the next broadcasts, so it keeps getting them and no member is
-        left waiting; one that gave no answer (dead) or a 404 (no such endpoint) gets no more. Every failure is
-        raised at the end, naming the engine."""
-        if self._weight_group is None:
-            raise WeightSyncError("no weight-sync group formed: init_weight_group must run before a distributed push")
-        name = self._weight_group.group_name
-        index = {url: i for i, url in enumerate(self.urls)}
-        members, errors, sent = list(self.urls), {}, 0
-        for number, bucket in enumerate(buckets, start=1):
-            if not members:
-                break
-            body = distributed_update_body(bucket, name, version if number == len(buckets) else None)
-
-            def post(url: str, number=number, body=body) -> WeightSyncError | None:
-                try:
-                    post_weight_request(url, "/update_weights_from_distributed", body,
-                                        f"bucket {number}/{len(buckets)} of weight version {version}",
-                                        timeout_s=self.settings.push_timeout_s, hint=NO_DISTRIBUTED_HINT)
-                    return None
-                except WeightSyncError as exc:
-                    return exc
-
-            with ThreadPoolExecutor(max_workers=max(1, min(16, len(members)))) as pool:
-                outcomes = list(pool.map(post, members))
-            sent += len(members)
-            for url, exc in zip(list(members), outcomes):
-                if exc is None:
-                    continue
-                errors.setdefault(url, f"engine {index[url]}: {exc}")
-                cause = exc.__cause__
-                if isinstance(cause, EngineHTTPError) and cause.status in (None, 404):  # it will receive nothing
-                    members.remove(url)
-        if errors:
-            raise WeightSyncError("; ".join(errors.values()))
-        return sent
 
     def dead_engines(self) -> list[str]:
         """The engines found dead (index, address, why): after a failed push, to tell a death from a refusal."""
@@ -484,8 +409,10 @@ class EngineFleet:
         """A tensor or distributed push failed with ``error``. True: an engine died and rollout FT is on, so the
         push is retried (the next ``prepare_weight_sync`` restarts it and a new weight group is formed).
         An engine dead without rollout FT raises :class:`EngineDead`; anything else (a refusal) returns False:
-        the run fails with ``error``, FT or not (sglang's weights are then partly updated)."""
+        the run fails with ``error``, FT or not (sglang's weights are then partly updated). An engine dead of an
+        out-of-memory raises :class:`RanOutOfMemory`, FT or not."""
         self._end_sessions_after_failure()
+        self._raise_if_out_of_memory()
         dead = self.dead_engines()
         if not dead:
             return False
@@ -531,8 +458,9 @@ class EngineFleet:
     def finish_weight_sync(self, step: int, version: str) -> str:
         """After a tensor or distributed push: every engine closes its weight-update session and must report
         ``version``; caches flushed."""
-        self._each(self._end_session)
-        results = self._each(lambda url: confirm_weights(url, version, timeout_s=self.settings.push_timeout_s))
+        with self._watching():
+            self._each(self._end_session)
+            results = self._each(lambda url: confirm_weights(url, version, timeout_s=self.settings.push_timeout_s))
         self._record_push(step, version, results, f"{self.weight_sync.path} ({self.weight_sync.reason})")
         return version
 
@@ -558,8 +486,10 @@ class EngineFleet:
             self.monitor.resume()
 
     def before_eval(self, eval_id: int) -> None:
-        """Eval ``eval_id`` starts: the eval fleet probes itself when no monitor runs; monitors resume."""
-        self.eval_fleet.before_use(eval_id)
+        """Eval ``eval_id`` starts: the eval fleet probes itself when no monitor runs; monitors resume. An engine
+        that failed the probe because it ran out of memory raises :class:`RanOutOfMemory`."""
+        with self._watching():
+            self.eval_fleet.before_use(eval_id)
         if self.monitor is not None:
             self.monitor.resume()
 
@@ -569,14 +499,7 @@ class EngineFleet:
             return list(pool.map(action, urls))
 
     def _alive(self, engine: _Engine) -> tuple[bool, str]:
-        import ray
-
-        try:
-            alive = ray.get(engine.actor.is_alive.remote())
-            code = ray.get(engine.actor.exit_code.remote())
-            return alive, f"exit code {code}"
-        except ray.exceptions.RayActorError as exc:
-            return False, f"its Ray actor died ({exc.__class__.__name__})"
+        return engine_alive(engine.actor, self._engine_at(engine))
 
     def _require_all_alive(self, step: int) -> None:
         for engine in self.engines:
@@ -594,15 +517,59 @@ class EngineFleet:
             if alive and not engine.stopped_by_monitor:
                 continue
             old_url = engine.info.url if engine.info else None
+            record = self._out_of_memory(engine)
+            if record is not None:  # it will not fit the next time either: the run's answer is out-of-memory
+                raise RanOutOfMemory(record)
             if "actor died" in why:
                 engine.actor = self._new_actor(engine.index)
             log.warning("recovering engine %d (%s) before the weight sync", engine.index, why)
-            engine.info = _get_unwrapped(engine.actor.start.remote(self.settings.startup_timeout_s))
+            engine.info = gather(
+                [engine.actor.start.remote(self.settings.startup_timeout_s, self.serving_rollout)], [engine.index],
+                ENGINE_START, self.serving_rollout)[0]
             self.generation += 1
             engine.restarts += 1
             engine.stopped_by_monitor = False
             if self.router is not None and old_url:
                 self.router.replace_worker(old_url, engine.info.url)
+
+    # ------------------------------------------------------------------ out of memory
+
+    def _engine_at(self, engine: _Engine, phase: str = ENGINE_SERVING) -> EngineAt:
+        info = engine.info
+        args = {key.removeprefix("--"): value for key, value in self.settings.engine_args.items()}
+        fraction = args.get("mem-fraction-static")
+        return EngineAt(engine=engine.index, phase=phase, rollout=self.serving_rollout,
+                        pid=info.pid if info else None, node=info.node_ip if info else None,
+                        mem_fraction_static=None if fraction is None else str(fraction))
+
+    def _out_of_memory(self, engine: _Engine) -> OutOfMemory | None:
+        """Why ``engine`` is dead, when it ran out of memory while serving (:func:`.deaths.out_of_memory`)."""
+        return out_of_memory(engine.actor, self._engine_at(engine))
+
+    def _raise_if_out_of_memory(self) -> None:
+        """:class:`RanOutOfMemory` for the first engine found dead of an out-of-memory."""
+        for engine in self.engines:
+            record = self._out_of_memory(engine)
+            if record is not None:
+                log.error("%s", record.line())
+                raise RanOutOfMemory(record)
+
+    @contextmanager
+    def _watching(self) -> Iterator[None]:
+        """Around calls to the engines: an error that came with an engine dead of an out-of-memory (a dropped
+        connection, a failed push, an engine found dead) is raised as that out-of-memory."""
+        try:
+            yield
+        except RanOutOfMemory:
+            raise
+        except Exception:
+            self._raise_if_out_of_memory()
+            raise
+
+    def _refused_for_memory(self, url: str, call, *args, **kwargs):
+        """``call(*args, **kwargs)``, a weight update to the engine at ``url`` (:func:`.deaths.refused_for_memory`)."""
+        engine = next((e for e in self.engines if e.info is not None and e.info.url == url), None)
+        return refused_for_memory(None if engine is None else self._engine_at(engine), call, *args, **kwargs)
 
     def _sample_memory(self) -> None:
         if not self.settings.use_gpus:

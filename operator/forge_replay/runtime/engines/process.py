@@ -253,6 +253,8 @@ class EngineProcess:
         self.log_path = Path(log_path)
         self.env = dict(os.environ if env is None else env)
         self.process: subprocess.Popen | None = None
+        self.log_offset = 0
+        """Where this process's part of the log starts (an engine started again appends to its log)."""
 
     @property
     def pid(self) -> int | None:
@@ -262,6 +264,7 @@ class EngineProcess:
         """Start the server; EngineStartError (command, log) when it cannot even be executed."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log_file:
+            self.log_offset = log_file.tell()
             try:
                 self.process = subprocess.Popen(
                     self.argv,
@@ -295,6 +298,16 @@ class EngineProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def log_since_start(self, max_bytes: int = 1 << 20) -> str:
+        """This process's log (its last ``max_bytes``), without what earlier processes of the engine wrote."""
+        try:
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(0, os.SEEK_END)
+                log_file.seek(max(self.log_offset, log_file.tell() - max_bytes))
+                return log_file.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def wait_healthy(self, timeout_s: float, probe_timeout_s: float = STARTUP_PROBE_TIMEOUT_S,
                      poll_s: float = 0.2) -> float:

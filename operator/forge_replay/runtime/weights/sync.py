@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from forge_replay.api.outcome import RanOutOfMemory
 from forge_replay.errors import Portable
 from forge_replay.runtime.weights.calls import WeightSyncError
 from forge_replay.runtime.weights.distributed import ParamMeta, bucket_bytes_from_env, plan_buckets, plan_weight_group
@@ -78,6 +79,10 @@ class EngineWeightSync:
                     raise NotImplementedError(f"weight sync path {self.plan.path!r} is not wired into the driver")
             except PushFailed as exc:
                 self._generation = None  # whatever group there was is broken: form a new one
+                if exc.out_of_memory is not None:  # a side ran out of memory: that is the run's answer
+                    if exc.stuck:
+                        self._stop_stuck(exc.stuck)
+                    raise exc.out_of_memory from None
                 if exc.stuck:
                     raise WeightSyncError(f"{exc}; {self._stop_stuck(exc.stuck)}") from None
                 if self._retry(step, attempt, str(exc)):
@@ -173,11 +178,13 @@ class EngineWeightSync:
 
 
 class PushFailed(Portable, WeightSyncError):
-    """One side of a push failed; ``stuck``: the refs of the other side still running :data:`ABORT_GRACE_S` later."""
+    """One side of a push failed; ``stuck``: the refs of the other side still running :data:`ABORT_GRACE_S` later;
+    ``out_of_memory``: a side's :class:`RanOutOfMemory`, kept whole (an engine that ran out receiving a bucket)."""
 
-    def __init__(self, message: str, stuck: list):
+    def __init__(self, message: str, stuck: list, out_of_memory: RanOutOfMemory | None = None):
         super().__init__(message)
         self.stuck = stuck
+        self.out_of_memory = out_of_memory
 
 
 def wait_all(refs: list, *, what: str, grace_s: float | None = None) -> list:
@@ -193,7 +200,7 @@ def wait_all(refs: list, *, what: str, grace_s: float | None = None) -> list:
         try:
             ray.get(done[0])
         except ray.exceptions.RayError as exc:
-            errors = [_cause(exc)]
+            errors, causes = [_cause(exc)], [getattr(exc, "cause", None)]
             if pending:
                 finished, pending = ray.wait(pending, num_returns=len(pending), timeout=grace_s)
                 for ref in finished:
@@ -201,7 +208,10 @@ def wait_all(refs: list, *, what: str, grace_s: float | None = None) -> list:
                         ray.get(ref)
                     except ray.exceptions.RayError as other:
                         errors.append(_cause(other))
-            raise PushFailed(f"{what}: " + "; ".join(dict.fromkeys(errors)), stuck=pending) from None
+                        causes.append(getattr(other, "cause", None))
+            out_of_memory = next((c for c in causes if isinstance(c, RanOutOfMemory)), None)
+            raise PushFailed(f"{what}: " + "; ".join(dict.fromkeys(errors)), stuck=pending,
+                             out_of_memory=out_of_memory) from None
     return ray.get(refs)
 
 
