@@ -201,8 +201,19 @@ def wait_all(refs: list, *, what: str, grace_s: float | None = None) -> list:
                         ray.get(ref)
                     except ray.exceptions.RayError as other:
                         errors.append(_cause(other))
+            oom = _out_of_memory(exc)
+            if oom is not None:  # a trainer rank ran out of memory in the push: the run's answer, not a failed push
+                raise oom from None
             raise PushFailed(f"{what}: " + "; ".join(dict.fromkeys(errors)), stuck=pending) from None
     return ray.get(refs)
+
+
+def _out_of_memory(exc):
+    """The :class:`~forge_replay.api.outcome.RanOutOfMemory` a rank raised, inside Ray's wrapper, or None."""
+    from forge_replay.api.outcome import RanOutOfMemory
+
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, RanOutOfMemory) else None
 
 
 def _cause(exc) -> str:
