@@ -177,14 +177,12 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         try:  # the clean-up below must not depend on the report being written
             report_problem = run.finish(stopped_by)
         finally:
-            _shutdown(run.manager, run.group, run.placement)
+            _shutdown(run.manager, run.group, run.placement, run.board)
     if report_problem:
         raise ReplayRunError(report_problem)
     console.print(render_table(report))
     if report.expectations is not None:
         console.print(render_verdict(report.expectations))
-    if report.out_of_memory:
-        log.error("%s", report.error)
     return report
 
 
@@ -229,7 +227,7 @@ class _ReplayRun:
         report.identity = identity_of(report.job, spec)
         self.saver = ReportSaver(config.results_dir)
         self.saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
-        self.group = self.manager = self.placement = self.syncer = None
+        self.group = self.manager = self.placement = self.syncer = self.board = None
         self.multimodal_said = False  # the builtin trainer says once that it trains VLM samples' text only
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -261,6 +259,7 @@ class _ReplayRun:
         from forge_replay.runtime.environment import environment
         from forge_replay.runtime.placement import PlacementError, place_trainer
         from forge_replay.runtime.rollout_manager import RolloutManager
+        from forge_replay.runtime.trainer.oom import PhaseBoard
         from forge_replay.runtime.trainer.rank import TrainerGroup
         from forge_replay.runtime.weights.sync import EngineWeightSync
 
@@ -281,6 +280,8 @@ class _ReplayRun:
                                                  if plan.start_engines else ""))
         self.next_batch = manager.get_rollout.remote(self.rollout_ids[0])  # loads while the trainer starts
         self.group = TrainerGroup(settings, self.placement)
+        self.board = ray.remote(PhaseBoard).options(num_cpus=0).remote()  # each rank's last phase, for a death
+        self.group.watch_memory(self.board, config.results_dir)
         rank0 = self.group.setup(self.prepared.model_source)[0]
         report.num_params = rank0["num_params"]
         report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
@@ -353,7 +354,7 @@ class _ReplayRun:
         if step == 0:
             self.starting("step 1: training")
         began = time.perf_counter()
-        results = ray.get(self.group.train_step_async(step, batch.rank_batches, batch.loss_tokens))
+        results = ray.get(self.group.train_step_async(step, batch.rank_batches, batch.loss_tokens, rollout_id))
         record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
                                       time.perf_counter() - began)
         report.rollouts.append(record)
@@ -375,13 +376,18 @@ class _ReplayRun:
 
     def ran_out_of_memory(self, exc: BaseException) -> bool:
         """Whether ``exc`` (raised while the run trained) says the run ran out of memory: a rank's allocator error
-        (:class:`~forge_replay.api.outcome.RanOutOfMemory` from its phase). If so the report records it
-        (``out_of_memory``, with the last complete step's peak per rank; ``error``: its line)."""
+        (:class:`~forge_replay.api.outcome.RanOutOfMemory` from its phase), or a rank killed by Ray's memory monitor
+        or the kernel's OOM killer (runtime/rank_deaths.py). If so the report records it (``out_of_memory``, with
+        the last complete step's peak per rank; ``error``: its line)."""
         from forge_replay.api.outcome import RanOutOfMemory
         from forge_replay.dumps.writing import now_rfc3339
 
         cause = _unwrap(exc)
         record = cause.record if isinstance(cause, RanOutOfMemory) else None
+        if record is None and self.group is not None and self.group.watched:
+            from forge_replay.runtime.rank_deaths import rank_out_of_memory
+
+            record = rank_out_of_memory(self.group, self.board)
         if record is None:
             return False
         if self.report.rollouts and record.how_much.last_step_peak_gib is None:
@@ -530,7 +536,7 @@ def _brief(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
-def _shutdown(manager, group, placement) -> None:
+def _shutdown(manager, group, placement, board=None) -> None:
     import ray
 
     if manager is not None:
@@ -541,6 +547,8 @@ def _shutdown(manager, group, placement) -> None:
         ray.kill(manager)
     if group is not None:
         group.shutdown()
+    if board is not None:
+        ray.kill(board)
     if placement is not None:
         from ray.util.placement_group import remove_placement_group
 
