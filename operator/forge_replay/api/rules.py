@@ -342,16 +342,18 @@ def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
 
 @_rule(
     "expect",
-    "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline)",
-    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or baseline)",
+    "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline)"
+    " || has(self.outcome)",
+    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, baseline or outcome)",
     "",
 )
 def _expect_not_empty(spec: SpecParts) -> list[Problem]:
     e = spec.expect
     if e is not None and all(v is None for v in (e.max_peak_memory_gib, e.max_fallbacks, e.min_tokens_per_second,
-                                                 e.baseline)):
-        return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond or "
-                        "baseline, or remove spec.expect (an empty gate would pass having checked nothing)")]
+                                                 e.baseline, e.outcome)):
+        return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, "
+                        "baseline or outcome, or remove spec.expect (an empty gate would pass having checked "
+                        "nothing)")]
     return []
 
 
