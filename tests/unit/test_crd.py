@@ -70,7 +70,7 @@ def test_resource_names_status_and_columns():
     version = doc["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Reason", "Mode", "Done", "Rollouts", "Peak GiB", "Age"]
+    assert columns == ["Phase", "Reason", "Mode", "Done", "Rollouts", "Peak GiB", "Outcome", "Age"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert {"phase", "conditions", "observedGeneration", "rollouts", "memory"} <= set(status["properties"])
 

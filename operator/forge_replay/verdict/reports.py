@@ -1,4 +1,5 @@
-"""report.json as the verdict reads it: parsing, strict JSON, and the one definition of a usable report.
+"""report.json as the verdict reads it: parsing, strict JSON, the one definition of a usable report, the record of
+one check (:class:`Check`) and the memory figure ``maxPeakMemoryGiB`` limits (:func:`peak_memory_gib`).
 
 A report is *usable* (as a baseline, or as either side of ``report compare``) when :func:`unusable_reason` says
 None; ``report baseline``, ``report compare``, ``run --baseline``, the in-cluster runtime and the operator's
