@@ -382,7 +382,9 @@ class _ReplayRun:
         from forge_replay.api.outcome import RanOutOfMemory
         from forge_replay.dumps.writing import now_rfc3339
 
-        cause = _unwrap(exc)
+        cause = exc  # through every wrapper: a rank's error can reach here inside another actor's (the disk push)
+        while not isinstance(cause, RanOutOfMemory) and isinstance(getattr(cause, "cause", None), BaseException):
+            cause = cause.cause
         record = cause.record if isinstance(cause, RanOutOfMemory) else None
         if record is None and self.group is not None and self.group.watched:
             from forge_replay.runtime.rank_deaths import rank_out_of_memory
