@@ -8,7 +8,8 @@ Follows, without their code:
   rule citing its upstream lines): no eval at all with ``--debug-train-only`` (debug-skips-eval), eval before
   training unless ``--skip-eval-before-train`` at rollout 0 (slime) or at ``--start-rollout-id`` (miles)
   (eval-before-train); ``--eval-interval`` without eval datasets fails (eval-needs-datasets); the flags their
-  parsers require (the flag table's ``required`` rows) are required here.
+  parsers require (the flag table's ``required`` rows) are required here; miles starts at rollout 0 unless ``--load``
+  names a folder holding its checkpoint marker (start-needs-checkpoint).
 - radixark/miles@31f1ca96 ``miles/utils/arguments.py`` (``add_user_provided_function_arguments``): the rollout
   function named by ``--rollout-function-path`` is loaded and its ``add_arguments(parser)`` called before a strict
   parse: an unknown flag is an error.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from forge_replay.frameworks.flags import BACKEND_INJECTED, INJECTED_UNLESS_GIVEN, flag_table, required_flags
@@ -44,7 +46,9 @@ def parser_for(backend: str) -> argparse.ArgumentParser:
                         "actors train in Ray workers (where forge-replay's memory probe runs)")
     table = flag_table(backend)
     eval_data = upstream_rule(backend, "eval-needs-datasets")["flags"]
-    declared = [*BACKEND_INJECTED[backend], *INJECTED_UNLESS_GIVEN, *required_flags(backend), *eval_data]
+    checkpoint = upstream_rule(backend, "start-needs-checkpoint")
+    declared = [*BACKEND_INJECTED[backend], *INJECTED_UNLESS_GIVEN, *required_flags(backend), *eval_data,
+                *([checkpoint["flag"]] if checkpoint else [])]
     for flag in dict.fromkeys(declared):
         row = table.options.get(flag)
         if row is None:  # miles: --load-forge-rollout-data comes from the rollout function's add_arguments
@@ -81,7 +85,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         fn = load_function(known.rollout_function_path)
         if callable(getattr(fn, "add_arguments", None)):
             fn.add_arguments(parser)
-    return parser.parse_args(argv)  # miles: strict
+    args = parser.parse_args(argv)  # miles: strict
+    checkpoint = upstream_rule(backend, "start-needs-checkpoint")
+    if checkpoint and not (args.load and os.path.exists(os.path.join(args.load, checkpoint["file"]))):
+        args.start_rollout_id = 0  # even when --start-rollout-id is given
+    return args
 
 
 def summary(output) -> dict:

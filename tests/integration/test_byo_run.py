@@ -34,6 +34,9 @@ def run_argv(*extra: str) -> list[str]:
 
 def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_path) -> None:
     report = tmp_path / "stand-in.json"
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "latest_checkpointed_iteration.txt").write_text("0\n")
     job = {
         "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "byo-miles"},
         "spec": {
@@ -43,7 +46,8 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
             "trainer": {"backend": "miles", "image": "team/miles:v1", "workingDir": "/root/miles", "gpusPerNode": 0,
                         "args": ["--stand-in-backend", "miles", "--stand-in-report", str(report),
                                  "--stand-in-train-mib", "96", "--rollout-batch-size", "4",
-                                 "--eval-prompt-data", "aime", "/data/aime.jsonl"],
+                                 "--eval-prompt-data", "aime", "/data/aime.jsonl",
+                                 "--load", str(checkpoint)],  # miles keeps --start-rollout-id only with one
                         "env": {"FORGE_REPLAY_PROBE_INTERVAL_S": "0.1"}},
             "rollout": {"numGpus": 1, "numGpusPerEngine": 1},
             "expect": {"maxPeakMemoryGiB": 0.01},  # issue 25: checked against the probe's peak, which is over it
@@ -88,6 +92,8 @@ def test_miles_stand_in_replays_the_spec_rollouts_through_a_local_ray_job(tmp_pa
     # the entrypoint's publish step wrote report.json and progress.json after the script, as it does in a pod
     written = json.loads((tmp_path / "results" / "report.json").read_text())
     assert (written["backend"], written["exit_code"], written["job"]) == ("miles", 0, "byo-miles")
+    # verify's record in the results folder: nothing miles would drop of these dumps (each sample its own rollout_id)
+    assert written["preflight"] == {"record": str(tmp_path / "results" / "verify-record.json"), "notes": []}
     assert written["summary"]["memory_peak"]["peak_rss_gib"] >= 96 / 1024
     assert [(c["name"], c["passed"]) for c in written["expectations"]] == [("maxPeakMemoryGiB", False)]
     assert written["expectations"][0]["observed"] == written["summary"]["memory_peak"]["peak_rss_gib"]

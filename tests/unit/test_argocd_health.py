@@ -91,6 +91,7 @@ status_st = st.fixed_dictionaries(
         "conditions": st.lists(condition_st, max_size=6),
         "message": st.text(max_size=20),
         "rollouts": st.fixed_dictionaries({"completed": st.integers(0, 9), "total": st.integers(1, 9)}),
+        "outcome": st.sampled_from(["fits", "overBudget", "outOfMemory", "failed"]),
     },
 )
 

@@ -210,7 +210,7 @@ def test_forge_replay_render_shows_the_entrypoint() -> None:
     # the shell line the head runs, readable in the RayJob's annotation (its entrypoint carries it encoded)
     [ray_job] = [o for o in yaml.safe_load_all(result.output) if o and o["kind"] == "RayJob"]
     assert ray_job["metadata"]["annotations"]["forgereplay.io/entrypoint"].startswith(
-        "cd /root/miles && python3 train.py --rollout-batch-size 16 --actor-num-nodes")
+        "cd /root/miles && python3 train.py --rollout-batch-size 16 --global-batch-size 16 --actor-num-nodes")
 
 
 @pytest.mark.parametrize("case", CASES)

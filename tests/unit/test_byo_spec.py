@@ -10,6 +10,7 @@ from forge_replay.backends.argv import injected_argv, worker_gpus, worker_nodes
 from tests.unit.spec_factory import DELETE, REQUIRED_ARGS, byo_job as byo, forge_job
 
 ROOT = "/mnt/dumps"
+ONE_STEP = ["--global-batch-size", "32"]  # REQUIRED_ARGS' 32 rollouts x 1 sample: one step, as miles' train FT needs
 
 
 def problems(doc) -> list[str]:
@@ -132,7 +133,7 @@ def test_miles_forge_has_no_upstream_loader() -> None:
 def test_slime_fault_tolerance_train_alone_refused() -> None:
     doc = byo("slime", spec__faultTolerance={"enabled": True, "components": ["train"]})
     assert any(p.startswith("spec.faultTolerance.components: slime's --use-fault-tolerance") for p in problems(doc))
-    ok = byo("miles", spec__faultTolerance={"enabled": True, "components": ["train"]})
+    ok = byo("miles", spec__faultTolerance={"enabled": True, "components": ["train"]}, spec__trainer__args=ONE_STEP)
     assert parse_job(ok).spec.fault_tolerance.components == ["train"]
 
 
@@ -211,7 +212,8 @@ def test_debug_row(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", ["slime", "miles"])
 def test_rollout_range_row(backend: str) -> None:
-    got = pairs(argv(byo(backend, spec__replay__startRolloutId=5, spec__replay__numRollouts=3)))
+    load = ["--load", "/mnt/forge-replay/model/ckpt"]  # miles keeps a start id only with a checkpoint to load
+    got = pairs(argv(byo(backend, spec__replay__startRolloutId=5, spec__replay__numRollouts=3, spec__trainer__args=load)))
     assert (got["--start-rollout-id"], got["--num-rollout"]) == ("5", "8")  # an end bound, as slime's loop reads it
 
 
@@ -238,7 +240,7 @@ def test_eval_before_train_only_when_asked() -> None:
 def test_fault_tolerance_row() -> None:
     ft = {"enabled": True, "components": ["train", "rollout"]}
     slime = argv(byo("slime", spec__faultTolerance=ft))
-    miles = argv(byo("miles", spec__faultTolerance=ft))
+    miles = argv(byo("miles", spec__faultTolerance=ft, spec__trainer__args=ONE_STEP))
     assert "--use-fault-tolerance" in slime and "--ft-components" not in slime
     assert miles[miles.index("--ft-components"):][:3] == ["--ft-components", "train", "rollout"]
     assert "--use-fault-tolerance" not in argv(byo("miles"))

@@ -21,7 +21,7 @@ from forge_replay.frameworks.flags import BACKENDS, INJECTED_UNLESS_GIVEN, flag_
 from forge_replay.backends.argv import injected_argv
 from forge_replay.dumps.acceptance import UpstreamSettings, refusals
 from forge_replay.backends.launch import command
-from forge_replay.frameworks.rules import RULE_IDS, argv_problems, upstream_rule, upstream_rules
+from forge_replay.frameworks.rules import MEGATRON, RULE_IDS, argv_problems, upstream_rule, upstream_rules
 from forge_replay.dumps.files import save
 from forge_replay.dumps.synth import synth_samples
 from forge_replay.dumps.verify import verify_dumps
@@ -59,7 +59,7 @@ def test_rules_cite_upstream_at_the_flag_tables_commit(backend: str) -> None:
 
 
 def test_every_rule_forge_replay_reads_is_in_the_data() -> None:
-    read = {rule_id for rule_id in RULE_IDS if any(upstream_rule(b, rule_id) for b in BACKENDS)}
+    read = {rule_id for rule_id in RULE_IDS if any(upstream_rule(b, rule_id) for b in (*BACKENDS, MEGATRON))}
     assert read == set(RULE_IDS)
     assert upstream_rule("miles", "upstream-forge-loader") is None  # miles has no forge_load
     assert upstream_rule("slime", "rollout-shares-reward") is None
@@ -82,6 +82,18 @@ def _script(name: str):
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def test_megatron_rules_are_read_at_the_commit_slime_pins() -> None:
+    """The third repository: Megatron-LM at the commit slime's image builds (docker/Dockerfile), cited as the others."""
+    pin = upstream_rule("slime", "megatron-pin")
+    rules = upstream_rules(MEGATRON)
+    assert {r.rule_id for r in rules} == {"data-parallel-size", "default-global-batch-size"}
+    for rule in rules:
+        assert (rule.repository, rule.commit) == ("NVIDIA/Megatron-LM", pin["commit"])
+        assert all(re.fullmatch(r"[0-9a-f]{16}", c["anchor"]) for c in rule.cites)
+    assert pin.cites[0]["file"] == "docker/Dockerfile"
+    assert "megatron" in _script("backend-rules").REPOSITORIES
 
 
 def test_backend_rules_finds_moved_lines_and_says_when_code_changed() -> None:
@@ -306,8 +318,8 @@ def test_slime_refuses_a_rollout_with_fewer_episodes_than_a_training_step() -> N
         s.rollout_id = None  # each gets a fresh id, as slime's rollout manager gives them
     assert refusals(samples, _settings("slime", small)) == []
     assert refusals(samples[:1], _settings("slime", ["--global-batch-size", "2"]))[0].field == "rollout_id"
-    assert _settings("slime").global_batch_size is None  # not fixed by the args: not checked
-    assert refusals(samples[:1], _settings("miles", small)) == []  # miles falls back to another split
+    assert _settings("slime").global_batch_size is None  # neither the args nor the world size fix it: not checked
+    assert refusals(samples[3:], _settings("miles", small)) == []  # miles falls back to another split
 
 
 def test_miles_groups_without_group_index_by_the_batch_shape() -> None:
@@ -350,20 +362,22 @@ def test_verify_cli_and_job_pass_the_backend(tmp_path) -> None:
     job = parse_job(byo_job("miles", "debug", spec__trainer__args=["--advantage-estimator", "ppo"]))
     line = verify_command(job)
     assert line[line.index("--backend") + 1] == "miles"
-    assert json.loads(line[line.index("--trainer-args") + 1]) == ["--advantage-estimator", "ppo", *REQUIRED_ARGS]
+    assert json.loads(line[line.index("--trainer-args") + 1]) == [  # the team's args, then what the rules read
+        "--advantage-estimator", "ppo", *REQUIRED_ARGS, "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8"]
 
 
 def test_every_upstream_line_the_docs_cite_is_in_the_data() -> None:
     """docs/byo-trainer.md cites slime's and miles' code by file:line; each citation is one the data holds, so a new
     pin (scripts/backend-rules, scripts/backend-flags) that moves the lines makes this fail until the docs follow."""
-    cited = set()
+    cited = {f"{c['file']}:{c['line']}" + (f"-{c['end']}" if "end" in c else "")
+             for rule in upstream_rules(MEGATRON) for c in rule.cites}
     for backend in BACKENDS:
         table = flag_table(backend)
         cited |= {f"{table.file}:{row['line']}" for row in table.options.values()}
         for rule in upstream_rules(backend):
             cited |= {f"{c['file']}:{c['line']}" + (f"-{c['end']}" if "end" in c else "") for c in rule.cites}
     text = (ROOT / "docs" / "byo-trainer.md").read_text()
-    in_docs = re.findall(r"`((?:slime|miles)/[\w/]+\.py:\d+(?:-\d+)?|train\.py:\d+(?:-\d+)?)`", text)
+    in_docs = re.findall(r"`((?:slime|miles|megatron)/[\w/]+\.py:\d+(?:-\d+)?|train\.py:\d+(?:-\d+)?)`", text)
     assert len(in_docs) >= 15
     assert sorted(set(in_docs) - cited) == []
 

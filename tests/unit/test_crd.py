@@ -72,7 +72,8 @@ def test_resource_names_status_and_columns():
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == ["Phase", "Reason", "Mode", "Done", "Rollouts", "Peak GiB", "Outcome", "Age"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-    assert {"phase", "conditions", "observedGeneration", "rollouts", "memory"} <= set(status["properties"])
+    assert {"phase", "conditions", "observedGeneration", "rollouts", "memory", "outcome", "outOfMemory"} <= set(
+        status["properties"])
 
 
 def test_enums_bounds_and_defaults_come_from_the_models():

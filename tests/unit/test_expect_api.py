@@ -103,3 +103,14 @@ def test_an_expectation_that_checks_nothing_or_everything_is_refused(expect, pat
     with pytest.raises(SpecInvalid) as info:
         parse_job(debug_job(spec__expect=expect))
     assert any(p.path == path and fragment in p.message for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize("backend", ["builtin", "slime"])
+def test_an_expected_outcome_alone_is_a_check(backend):
+    """spec.expect.outcome (issue 31) is a gate of its own: a release test that a known-too-big configuration still
+    runs out of memory needs nothing else; slime / miles record it too (their publish step)."""
+    from tests.unit.spec_factory import byo_job
+
+    doc = debug_job(spec__expect={"outcome": "outOfMemory"}) if backend == "builtin" else byo_job(
+        backend, spec__expect={"outcome": "outOfMemory"})
+    assert parse_job(doc).spec.expect.outcome == "outOfMemory"

@@ -12,8 +12,10 @@ from forge_replay.api.dump_path import is_template
 from forge_replay.api.names import ENV_NAME, Problem, short_repr
 from forge_replay.api.rules import CEL_IS_TEMPLATE, CrossFieldRule, SpecParts, outside_its_root, recorder
 from forge_replay.api.spec_parts import TrainerSpec
+from forge_replay.frameworks.batch import batch_layout
 from forge_replay.frameworks.flags import (
-    BACKEND_INJECTED, BACKENDS, REFUSED_FLAGS, arg_problems, flag_table, missing_required, required_flags, sets_flag,
+    BACKEND_INJECTED, BACKENDS, REFUSED_FLAGS, arg_problems, flag_of, flag_table, missing_required, required_flags,
+    sets_flag,
 )
 from forge_replay.frameworks.rules import upstream_rule
 
@@ -99,6 +101,9 @@ def _cel_eval_datasets() -> str:
             "!has(self.replay.evalInterval) || self.replay.evalInterval == 0 || ("
             + " && ".join(f"({c})" for c in per_backend) + ")")
 
+
+_DYNAMIC_GBS = "--use-dynamic-global-batch-size"
+"""miles: a global batch size the trainer computes from its own data-parallel size (not decided from the spec)."""
 
 _SLIME_OWNED = (*BACKEND_INJECTED["slime"], *REFUSED_FLAGS["slime"])
 _MILES_ONLY = tuple(f for f in (*BACKEND_INJECTED["miles"], *REFUSED_FLAGS["miles"]) if f not in _SLIME_OWNED)
@@ -375,13 +380,15 @@ def _byo_eval_needs_datasets(spec: SpecParts) -> list[Problem]:
     "",
     "!has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend != 'slime' || "
     "!has(self.faultTolerance) || !has(self.faultTolerance.enabled) || !self.faultTolerance.enabled || "
-    "!has(self.faultTolerance.components) || 'rollout' in self.faultTolerance.components",
+    "!has(self.faultTolerance.components) || 'rollout' in self.faultTolerance.components || "
+    "self.replay.mode == 'debug'",
     "spec.faultTolerance.components: slime's fault tolerance has no components: [train] alone cannot be run",
     ".faultTolerance.components",
 )
 def _slime_ft_has_no_components(spec: SpecParts) -> list[Problem]:
-    ft = spec.fault_tolerance
-    if spec.trainer.backend == "slime" and ft.enabled and ft.active_components == ["train"]:
+    ft = spec.fault_tolerance  # in debug mode _ft_in_debug_watches_nothing says the one setting that works
+    if spec.trainer.backend == "slime" and ft.enabled and ft.active_components == ["train"] \
+            and spec.replay.mode != "debug":
         return [Problem("spec.faultTolerance.components", "slime's --use-fault-tolerance has no components (it "
                         "watches the rollout engines): [train] alone cannot be run; use [rollout] or backend miles")]
     return []
@@ -411,3 +418,100 @@ def _byo_gpus_divide(spec: SpecParts) -> list[Problem]:
         problems.append(Problem("spec.rollout.numGpusPerEngine", f"must divide spec.trainer.gpusPerNode ({per_node}) "
                                 f"or be a multiple of it: an engine may not straddle a node boundary"))
     return problems
+
+
+# ------------------------------------------------------------------ what slime and miles refuse once the GPUs are up
+
+
+def _cel_start_needs_checkpoint() -> str:
+    per_backend = [f"self.trainer.backend != {_cel_literal(b)} || (has(self.trainer.args) && "
+                   f"{_cel_args_set(_rule_facts(b, 'start-needs-checkpoint', 'flag'), 'self.trainer.args')})"
+                   for b in _backends_with("start-needs-checkpoint")]
+    return (f"!{_cel_backend_in(_backends_with('start-needs-checkpoint'))} || !has(self.replay.startRolloutId) || "
+            "self.replay.startRolloutId == 0 || (" + " && ".join(f"({c})" for c in per_backend or ["true"]) + ")")
+
+
+@_rule(
+    "",
+    _cel_start_needs_checkpoint(),
+    "spec.replay.startRolloutId: miles resets --start-rollout-id to 0 unless --load holds a checkpoint: set "
+    "startRolloutId: 0, or give --load (the checkpoint directory) in spec.trainer.args",
+    ".replay.startRolloutId",
+)
+def _start_needs_checkpoint(spec: SpecParts) -> list[Problem]:
+    t, replay = spec.trainer, spec.replay
+    rule = upstream_rule(t.backend, "start-needs-checkpoint") if t.backend != "builtin" else None
+    if rule is None or replay.start_rollout_id == 0 or sets_flag(t.args, rule["flag"]):
+        return []
+    start, end = replay.start_rollout_id, replay.start_rollout_id + replay.num_rollouts - 1
+    return [Problem("spec.replay.startRolloutId", f"{t.backend} resets --start-rollout-id to 0 unless {rule['flag']} "
+                    f"names a directory holding {rule['file']} ({rule.where}): it would replay rollouts 0-{end}, not "
+                    f"{start}-{end}; give {rule['flag']} DIR (the checkpoint the run saved before rollout {start}) in "
+                    "spec.trainer.args, or set startRolloutId: 0")]
+
+
+@_rule(
+    "trainer",
+    f"!has(self.backend) || !(self.backend in {_cel_literal(_backends_with('debug-rollout-only'))}) || "
+    "!has(self.args) || !" + _cel_args_set("--debug-rollout-only"),
+    "spec.trainer.args: --debug-rollout-only cannot be used in a replay: slime and miles then never train, and a debug "
+    "replay fails in their parser; remove it",
+    ".args",
+)
+def _no_rollout_only(spec: SpecParts) -> list[Problem]:
+    t = spec.trainer
+    rule = upstream_rule(t.backend, "debug-rollout-only") if t.backend != "builtin" else None
+    if rule is None:
+        return []
+    return [Problem(f"spec.trainer.args[{i}]", f"{rule['flag']} cannot be used in a replay: {t.backend} then never "
+                    f"trains, and with the --debug-train-only of a debug replay its parser fails ({rule.where}); "
+                    "remove it")
+            for i, arg in enumerate(t.args) if flag_of(arg) == rule["flag"]]
+
+
+@_rule(
+    "",
+    f"!{_cel_backend_in(_backends_with('ft-watches-rollout-only'))} || self.replay.mode != 'debug' || "
+    "!has(self.faultTolerance) || !has(self.faultTolerance.enabled) || !self.faultTolerance.enabled",
+    "spec.faultTolerance.enabled: slime's fault tolerance only watches the rollout engines, and a debug replay has "
+    "none: set faultTolerance.enabled: false",
+    ".faultTolerance.enabled",
+)
+def _ft_in_debug_watches_nothing(spec: SpecParts) -> list[Problem]:
+    backend = spec.trainer.backend
+    rule = upstream_rule(backend, "ft-watches-rollout-only") if backend != "builtin" else None
+    if rule is None or spec.replay.mode != "debug" or not spec.fault_tolerance.enabled:
+        return []
+    return [Problem("spec.faultTolerance.enabled", f"{backend}'s --use-fault-tolerance only watches the rollout "
+                    f"engines, which a debug replay does not start (with --debug-train-only it does nothing: "
+                    f"{rule.where}): set faultTolerance.enabled: false; neither components: [train] nor [rollout] "
+                    "can be run")]
+
+
+@_rule(
+    "",
+    None,  # the global batch size over the cells: values of spec.trainer.args, in arithmetic
+    "spec.faultTolerance.components: miles' train fault tolerance runs a cell per TP x PP x CP GPUs, each taking "
+    "global-batch-size // cells samples a step: a global batch size below the cells fails in training; give "
+    "--global-batch-size in spec.trainer.args",
+    ".faultTolerance.components",
+)
+def _cells_need_a_batch(spec: SpecParts) -> list[Problem]:
+    t, ft = spec.trainer, spec.fault_tolerance
+    rule = upstream_rule(t.backend, "indep-dp-one-step") if t.backend != "builtin" else None
+    from_ft = ft.enabled and "train" in ft.active_components
+    if rule is None or not (from_ft or sets_flag(t.args, rule["flag"])) or sets_flag(t.args, _DYNAMIC_GBS):
+        return []
+    layout = batch_layout(t.backend, t.args, t.nodes * t.gpus_per_node, cells=True)
+    gbs = layout.global_batch_size
+    if layout.cells < 2 or gbs is None or gbs >= layout.cells:
+        return []
+    where = ("spec.faultTolerance.components", "train") if from_ft else ("spec.trainer.args", rule["flag"])
+    source = ("Megatron's default: --micro-batch-size x the data-parallel size 1 of a cell" if
+              layout.global_batch_from == "default" else layout.global_batch_from)
+    return [Problem(where[0], f"{where[1]} makes {t.backend} run {layout.cells} independent data-parallel cells "
+                    f"(nodes x gpusPerNode {layout.world_size} // TP x PP x CP {layout.model_size}), each taking "
+                    f"global-batch-size // {layout.cells} samples a step, and the global batch size is {gbs} ({source}): "
+                    f"none a step, a ZeroDivisionError in training ({rule.where}); give --global-batch-size in "
+                    "spec.trainer.args: rollout-batch-size x n-samples-per-prompt, one step per rollout, which each "
+                    f"cell must make (verify checks the dumps), or leave {where[1]} out")]

@@ -133,6 +133,8 @@ def spec_schema() -> dict[str, Any]:
     schema = _structural(_inline(raw, raw.get("$defs", {})))
     _add_object_defaults(schema, ForgeReplayJobSpec)
     for rule in CROSS_FIELD_RULES:
+        if rule.cel is None:  # the operator's and validate's alone
+            continue
         node = _node_at(schema, rule.at)
         entry: dict[str, Any] = {"rule": rule.cel, "message": rule.message}
         if rule.field_path:

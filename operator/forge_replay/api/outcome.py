@@ -47,7 +47,9 @@ class _Part(ApiModel):
 class OutOfMemoryWhere(_Part):
     """Which process ran out of memory, as far as the signal tells."""
 
-    component: Literal["trainer", "engine"] = Field(description="trainer (a rank) or engine (an sglang server).")
+    component: Literal["trainer", "engine", "head"] = Field(
+        description="trainer (a rank), engine (an sglang server) or head (the Ray head pod: the driver, Ray's GCS)."
+    )
     rank: int | None = Field(default=None, description="The trainer rank.")
     engine: int | None = Field(default=None, description="The engine's index.")
     pod: str | None = Field(default=None, description="Its pod, in a cluster.")
@@ -100,7 +102,9 @@ class OutOfMemory(_Part):
     def line(self) -> str:
         """One line: where, when and how much."""
         where = self.where
-        who = f"rank {where.rank}" if where.component == "trainer" else f"engine {where.engine}"
+        who = {"trainer": "trainer" if where.rank is None else f"rank {where.rank}",
+               "engine": "engine" if where.engine is None else f"engine {where.engine}",
+               "head": "the Ray head"}[where.component]
         if where.pod:
             who += f" (pod {where.pod}" + (f" on {where.node})" if where.node else ")")
         elif where.node:

@@ -71,8 +71,12 @@ def markdown() -> str:
         lines.append("")
     lines += ["## Cross-field rules", "", "Checked by the operator and `forge-replay validate` (pydantic) and by",
               "the API server (CEL), with the same field path:", ""]
-    lines += [f"- {rule.message}" for rule in CROSS_FIELD_RULES]
+    lines += [f"- {rule.message}" for rule in CROSS_FIELD_RULES if rule.cel is not None]
     lines += ["- metadata.name: a DNS-1035 label of at most 47 characters (KubeRay's RayJob name limit)", ""]
+    lines += ["Checked by the operator and `forge-replay validate` only, before anything is created (arithmetic over",
+              "the values in spec.trainer.args, beyond what a CEL rule may cost):", ""]
+    lines += [f"- {rule.message}" for rule in CROSS_FIELD_RULES if rule.cel is None]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ with the same field path. The rules of a slime / miles trainer are in ``byo_rule
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,6 +20,8 @@ from forge_replay.api.spec_parts import (
     SchedulingSpec,
     TrainerSpec,
 )
+from forge_replay.frameworks.flags import BACKENDS
+from forge_replay.frameworks.rules import upstream_rule
 
 
 class SpecParts(Protocol):
@@ -43,21 +46,23 @@ class CrossFieldRule:
     """A rule over several fields: its Python check and its CEL twin for the CRD.
 
     ``at`` is the schema node (dotted, relative to spec; "" is spec itself) that carries the CEL rule,
-    ``field_path`` the CEL fieldPath relative to that node, ``check`` returns the problems of a spec.
+    ``field_path`` the CEL fieldPath relative to that node, ``check`` returns the problems of a spec. ``cel`` is None
+    for a rule the API server cannot check (arithmetic over the values in spec.trainer.args, beyond a CEL rule's cost
+    budget): the operator and `forge-replay validate` refuse it, before anything is created.
     """
 
     at: str
-    cel: str
+    cel: str | None
     message: str
     field_path: str
     check: Check
 
 
-def recorder(rules: list[CrossFieldRule]) -> Callable[[str, str, str, str], Callable[[Check], Check]]:
+def recorder(rules: list[CrossFieldRule]) -> Callable[[str, str | None, str, str], Callable[[Check], Check]]:
     """The decorator ``@rule(at, cel, message, field_path)`` that records the check below it, with its CEL twin, in
     ``rules`` (in the order the checks are written: the order of the CRD's rules and of the problems)."""
 
-    def rule(at: str, cel: str, message: str, field_path: str) -> Callable[[Check], Check]:
+    def rule(at: str, cel: str | None, message: str, field_path: str) -> Callable[[Check], Check]:
         def record(check: Check) -> Check:
             rules.append(CrossFieldRule(at, cel, message, field_path, check))
             return check
@@ -244,16 +249,24 @@ def _components_unique(spec: SpecParts) -> list[Problem]:
     return []
 
 
+_FT_WATCHES_ROLLOUT_ONLY = [b for b in BACKENDS if upstream_rule(b, "ft-watches-rollout-only") is not None]
+"""Backends whose fault tolerance has no train component (slime): in debug mode byo_rules says the one setting that
+works (enabled: false), and the rule below, whose advice they cannot take, stays silent."""
+
+
 @_rule(
     "",
     "self.replay.mode != 'debug' || !has(self.faultTolerance) || !has(self.faultTolerance.enabled) || "
     "!self.faultTolerance.enabled || "
-    "(has(self.faultTolerance.components) && !('rollout' in self.faultTolerance.components))",
+    "(has(self.faultTolerance.components) && !('rollout' in self.faultTolerance.components)) || "
+    f"(has(self.trainer) && has(self.trainer.backend) && self.trainer.backend in {json.dumps(_FT_WATCHES_ROLLOUT_ONLY)})",
     "spec.faultTolerance.components: debug mode has no engines to watch; use components: [train]",
     ".faultTolerance.components",
 )
 def _no_rollout_ft_in_debug(spec: SpecParts) -> list[Problem]:
     ft = spec.fault_tolerance
+    if spec.trainer.backend in _FT_WATCHES_ROLLOUT_ONLY:
+        return []
     if spec.replay.mode == "debug" and "rollout" in ft.active_components:
         how = "is selected" if ft.components is not None else "is the default when components is unset"
         return [
@@ -325,8 +338,8 @@ memory probe's peak of such a run (backends/probe.py, backends/publish.py)."""
     "",
     "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' "
     "|| (!has(self.expect.maxFallbacks) && !has(self.expect.minTokensPerSecond) && !has(self.expect.baseline))",
-    "spec.expect: backend slime or miles records only its memory peak: maxFallbacks, minTokensPerSecond and "
-    "baseline cannot be checked (maxPeakMemoryGiB can)",
+    "spec.expect: backend slime or miles records only its memory peak and outcome: maxFallbacks, "
+    "minTokensPerSecond and baseline cannot be checked (maxPeakMemoryGiB and outcome can)",
     ".expect",
 )
 def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
@@ -335,15 +348,15 @@ def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
         return []
     asked = {"maxFallbacks": e.max_fallbacks is not None, "minTokensPerSecond": e.min_tokens_per_second is not None,
              "baseline": e.baseline is not None}
-    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB, from "
-                    "the memory probe, can be checked)")
+    return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB and "
+                    "outcome, from the memory probe, can be checked)")
             for name, why in FOREIGN_TRAINER_UNRECORDED.items() if asked[name]]
 
 
 @_rule(
     "expect",
-    "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline)"
-    " || has(self.outcome)",
+    "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline) || "
+    "has(self.outcome)",
     "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, baseline or outcome)",
     "",
 )

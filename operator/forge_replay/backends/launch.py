@@ -38,8 +38,8 @@ def entrypoint(spec: Any, dumps_root: str, working_dir: str | None = None, resul
 
     With ``results_dir``, the memory report is published once the script has ended, whatever its exit status
     (``python3 -m forge_replay.backends.publish``, into ``progress_configmap`` too when given; with
-    spec.expect.maxPeakMemoryGiB it records the verdict on the probe's peak); the line still exits with the
-    script's status."""
+    spec.expect.maxPeakMemoryGiB it records the verdict on the probe's peak, with spec.expect.outcome the one on
+    the run's outcome); the line still exits with the script's status."""
     folder = working_dir if working_dir is not None else spec.trainer.working_dir
     run = f"cd {shlex.quote(folder)} && {shlex.join(command(spec, dumps_root))}"
     if results_dir is None:
@@ -51,6 +51,8 @@ def entrypoint(spec: Any, dumps_root: str, working_dir: str | None = None, resul
         publish += ["--configmap", progress_configmap]
     if spec.expect is not None and spec.expect.max_peak_memory_gib is not None:  # the verdict on the probe's peak
         publish += ["--max-peak-memory-gib", repr(spec.expect.max_peak_memory_gib)]
+    if spec.expect is not None and spec.expect.outcome is not None:  # ... and on the run's outcome
+        publish += ["--expect-outcome", spec.expect.outcome]
     return f'{run}; code=$?; {shlex.join(publish)} --exit-code "$code"; exit "$code"'
 
 

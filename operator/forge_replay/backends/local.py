@@ -178,8 +178,10 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
             err: Callable[[str], None], model_root: str | None = None) -> int:
     """``forge-replay run`` for a slime / miles job whose input :func:`input_problem` accepted, with its results
     folder held (the caller's lock, the previous run's files set aside): its exit status (0 succeeded, 1 failed,
-    2 unusable input or dumps that verify refused, 3 an unmet spec.expect)."""
-    from forge_replay.runtime.run_inputs import EXIT_FAILED, EXIT_UNUSABLE, Unusable, synthesize_if_absent
+    2 unusable input or dumps that verify refused, 3 an unmet spec.expect, 4 out of memory; 0 when
+    spec.expect.outcome expects it)."""
+    from forge_replay.runtime.run_inputs import (EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_UNUSABLE, Unusable,
+                                                 synthesize_if_absent)
 
     spec = job.spec
     if synth_missing:
@@ -188,22 +190,46 @@ def run_cli(file: str, job: Any, trainer_root: str, dumps_root: str, results_dir
         except Unusable as exc:
             err(f"{file}: {exc}")
             return EXIT_UNUSABLE
-    if spec.replay.verify and not verified(job, dumps_root, model_root, err):
+    _set_record_aside(results_dir)  # a previous run's: its notes are not this run's (report.json's preflight)
+    if spec.replay.verify and not verified(job, dumps_root, model_root, err, results_dir):
         err(f"{file}: dumps verify refused the dumps under {dumps_root} (above), as the verify Job of this job would "
             f"in a cluster; nothing was started (spec.replay.verify: false skips the check)")
         return EXIT_UNUSABLE
     status = run_local(spec, trainer_root, dumps_root, results_dir, err, job_name=job.metadata.name or "")
     err(f"forge-replay run {file}: {spec.trainer.backend} job {status.lower()}; trainer.log, job.json and the memory "
         f"report (report.json) in {results_dir}")
+    try:
+        ran_out = json.loads(Path(results_dir, "report.json").read_text(encoding="utf-8")).get("out_of_memory")
+    except (OSError, ValueError, AttributeError):
+        ran_out = None
+    if ran_out:  # the publish step's record (backends.out_of_memory)
+        err(f"forge-replay run {file}: out of memory ({ran_out.get('signal')}): {ran_out.get('message', '')}")
+        expected = spec.expect is not None and spec.expect.outcome == "outOfMemory"
+        return _verdict_exit(file, results_dir, spec, err) if expected else EXIT_OUT_OF_MEMORY
     if status != "SUCCEEDED":
         return EXIT_FAILED
     return _verdict_exit(file, results_dir, spec, err)
 
 
-def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[str], None]) -> bool:
+def _set_record_aside(results_dir: str) -> None:
+    """Rename a previous run's verify record in ``results_dir`` to its ``previous`` name, as the run's other files are
+    (runtime.results.set_previous_aside, which the builtin runtime also runs where the verify Job's record must stay)."""
+    from forge_replay.dumps.verify_record import RECORD_FILE
+
+    record = Path(results_dir, RECORD_FILE)
+    try:
+        os.replace(record, record.with_name("verify-record.previous.json"))
+    except FileNotFoundError:
+        pass
+
+
+def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[str], None],
+             results_dir: str | None = None) -> bool:
     """Run the verify Job's check (`forge-replay dumps verify` with the job's settings and the framework's acceptance
-    rules) here, on the local dumps; what it prints goes to the user. A model folder missing here leaves the model's
-    limits unchecked (the team's script loads the model, not forge-replay), with a note."""
+    rules) here, on the local dumps; what it prints goes to the user, and its record to ``results_dir`` (whose notes
+    the publish step copies into report.json's preflight). A model folder missing here leaves the model's limits
+    unchecked (the team's script loads the model, not forge-replay), with a note."""
+    from forge_replay.dumps.verify_record import RECORD_FILE
     from forge_replay.dumps.verify_request import EXIT_OK, VerifyRequest, run_verify
 
     model_path = job.spec.model.path
@@ -212,7 +238,8 @@ def verified(job: Any, dumps_root: str, model_root: str | None, err: Callable[[s
             "vocabulary and positions")
         model_root = None
     request = VerifyRequest.for_job(job, dumps_root=os.path.abspath(dumps_root),
-                                    model_root=os.path.abspath(model_root) if model_root else None, in_pod=False)
+                                    model_root=os.path.abspath(model_root) if model_root else None, in_pod=False,
+                                    record=os.path.join(results_dir, RECORD_FILE) if results_dir else None)
     return run_verify(request) == EXIT_OK
 
 

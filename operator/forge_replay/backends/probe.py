@@ -12,12 +12,26 @@ One worker per node (whichever holds ``gpus-<host>.lock``; another takes over wh
 GPU's used memory at device level (NVML through pynvml when the image has it, else ``nvidia-smi``): sglang's KV
 cache and CUDA graphs included, which no torch allocator of a trainer sees. Its peaks per GPU go to
 ``gpus-<host>.json`` (``source: nvml``).
+
+Out-of-memory signals (issue 31), for the publish step to recognize structurally (backends.out_of_memory):
+
+- The memory cgroup of the worker and its ``oom_kill`` count when the first worker of that cgroup started
+  (``cgroup-<host>-<key>.json``, the baseline): a process the kernel's OOM killer kills cannot say so, but the count
+  of its cgroup rises (cgroup v1 ``memory.oom_control``, v2 ``memory.events``; Documentation/admin-guide/cgroup-v1/
+  memory.rst 10, cgroup-v2.rst ``memory.events``). Every sampler tick also compares the count with the baseline and
+  writes ``oomkill-<host>-<key>.json`` when it rose, so a kill on another node is recorded by the workers that
+  survive there.
+- On GPU, torch's OOM observer (``torch._C._cuda_attach_out_of_memory_observer``, called by the CUDA caching
+  allocator before it raises ``torch.OutOfMemoryError`` with the device, the bytes requested, the device's total and
+  its free memory: c10/cuda/CUDACachingAllocator.h:97-101 at torch 2.15), attached once CUDA is initialized; it writes
+  ``oom-<host>-<pid>.json`` with those figures and the allocator's allocated and reserved bytes at that moment.
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import hashlib
 import json
 import os
 import resource
@@ -136,12 +150,170 @@ class _GpuSampler:
         os.replace(partial, self.path)
 
 
-def _loop(folder: str, interval_s: float, stop: threading.Event) -> None:
+# ------------------------------------------------------------------------- out-of-memory signals (issue 31)
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+UNLIMITED = 2**62
+"""A cgroup v1 memory limit at or above this is no limit (the kernel's PAGE_COUNTER_MAX, page-rounded)."""
+
+
+def memory_cgroup(proc_cgroup: str, root: str = CGROUP_ROOT) -> tuple[str, int] | None:
+    """(folder, cgroup version) of the memory cgroup a ``/proc/<pid>/cgroup`` text names, or None. In a container
+    the path it names is the host's, and the container's own cgroup is mounted at the root: that one is used when
+    the named path is not there (runc bind-mounts it so)."""
+    v1 = v2 = None
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "memory" in parts[1].split(","):
+            v1 = parts[2]
+        elif parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+    candidates = []
+    if v1 is not None:
+        candidates += [(os.path.join(root, "memory", v1.lstrip("/")), 1), (os.path.join(root, "memory"), 1)]
+    if v2 is not None:
+        candidates += [(os.path.join(root, v2.lstrip("/")), 2), (root, 2)]
+    for folder, version in candidates:
+        if os.path.isfile(os.path.join(folder, "memory.oom_control" if version == 1 else "memory.events")):
+            return folder, version
+    return None
+
+
+def _number(path: str) -> int | None:
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_figures(folder: str, version: int) -> dict[str, Any]:
+    """The memory cgroup's OOM kill count, limit and peak usage (None where the kernel does not say)."""
+    events = "memory.oom_control" if version == 1 else "memory.events"
+    kills = None
+    try:
+        for line in Path(folder, events).read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                kills = int(value)
+    except (OSError, ValueError):
+        pass
+    limit = _number(os.path.join(folder, "memory.limit_in_bytes" if version == 1 else "memory.max"))
+    peak = _number(os.path.join(folder, "memory.max_usage_in_bytes" if version == 1 else "memory.peak"))
+    return {"oom_kill": kills, "limit_bytes": limit if limit is not None and limit < UNLIMITED else None,
+            "max_usage_bytes": peak}
+
+
+def record_cgroup(folder: str, proc_cgroup: str | None = None) -> dict[str, Any] | None:
+    """Write the baseline of this process's memory cgroup (``cgroup-<host>-<key>.json``) unless a worker of that
+    cgroup wrote it first; returns the baseline in force (None where no memory cgroup can be read)."""
+    if proc_cgroup is None:
+        try:
+            proc_cgroup = Path("/proc/self/cgroup").read_text(encoding="utf-8")
+        except OSError:
+            return None
+    found = memory_cgroup(proc_cgroup)
+    if found is None:
+        return None
+    cgroup, version = found
+    host = socket.gethostname()
+    record = {"host": host, "cgroup": cgroup, "version": version, "pid": os.getpid(), **cgroup_figures(cgroup, version)}
+    if record["oom_kill"] is None:
+        return None
+    target = Path(folder, f"cgroup-{host}-{hashlib.sha1(cgroup.encode()).hexdigest()[:12]}.json")
+    try:  # the first worker's count is the baseline: never replaced
+        descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            return json.loads(target.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return record
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(json.dumps(record, sort_keys=True))
+    return record
+
+
+def watch_cgroup(folder: str, baseline: dict[str, Any]) -> Path | None:
+    """Write ``oomkill-<host>-<key>.json`` when the cgroup's OOM kill count rose above ``baseline``'s (a process of
+    this node's cgroup was killed by the kernel); returns the file written."""
+    figures = cgroup_figures(baseline["cgroup"], baseline["version"])
+    if figures["oom_kill"] is None or figures["oom_kill"] <= baseline["oom_kill"]:
+        return None
+    key = hashlib.sha1(baseline["cgroup"].encode()).hexdigest()[:12]
+    target = Path(folder, f"oomkill-{baseline['host']}-{key}.json")
+    try:
+        if json.loads(target.read_text(encoding="utf-8"))["oom_kill"] >= figures["oom_kill"]:
+            return None
+    except (OSError, ValueError, KeyError):
+        pass
+    record = {**baseline, **figures, "baseline": baseline["oom_kill"], "seen_at": _now()}
+    partial = target.with_suffix(f".json.{os.getpid()}.part")
+    partial.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
+    os.replace(partial, target)
+    return target
+
+
+def cuda_oom_observer(folder: str):
+    """torch's OOM observer for this process: ``fn(device, requested, device_total, device_free)`` writes
+    ``oom-<host>-<pid>.json`` (the first out-of-memory of the process; the allocator may call it again for the
+    same one, cuDNN's retries for instance)."""
+    target = Path(folder, f"oom-{socket.gethostname()}-{os.getpid()}.json")
+
+    def observe(device: int, requested: int, device_total: int, device_free: int) -> None:
+        if target.exists():
+            return
+        record: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid(), "device": f"cuda:{device}",
+                                  "requested_bytes": int(requested), "device_total_bytes": int(device_total),
+                                  "device_free_bytes": int(device_free), "at": _now()}
+        torch = sys.modules.get("torch")
+        try:
+            stats = torch.cuda.memory_stats(device)
+            record.update(allocated_bytes=stats.get("allocated_bytes.all.current"),
+                          reserved_bytes=stats.get("reserved_bytes.all.current"))
+        except Exception:  # noqa: BLE001 - the figures the allocator gave are written anyway
+            pass
+        try:
+            partial = target.with_suffix(".json.part")
+            partial.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
+            os.replace(partial, target)
+        except OSError:
+            pass
+
+    return observe
+
+
+def _attach_cuda_observer(folder: str) -> bool:
+    """Attach :func:`cuda_oom_observer` once torch has initialized CUDA in this process; True once attached (or
+    never possible: no CUDA)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is None or not cuda.is_available() or not cuda.is_initialized():
+        return False
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is not None:
+        attach(cuda_oom_observer(folder))
+    return True
+
+
+def _now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _loop(folder: str, interval_s: float, stop: threading.Event, baseline: dict[str, Any] | None = None) -> None:
     gpus = _GpuSampler(folder)
+    attached = False
     while not stop.wait(interval_s):
         try:
             write(folder)
             gpus.tick()
+            if baseline is not None:
+                watch_cgroup(folder, baseline)
+            if not attached:
+                attached = _attach_cuda_observer(folder)
         except OSError:  # a full or vanished results volume must not fail the trainer
             pass
 
@@ -152,9 +324,14 @@ def setup_hook() -> None:
     if not folder:
         return
     os.makedirs(folder, exist_ok=True)
+    try:
+        baseline = record_cgroup(folder)
+    except OSError:
+        baseline = None
     stop = threading.Event()
     interval = float(os.environ.get(INTERVAL_ENV, "1"))
-    threading.Thread(target=_loop, args=(folder, interval, stop), name="forge-replay-probe", daemon=True).start()
+    threading.Thread(target=_loop, args=(folder, interval, stop, baseline), name="forge-replay-probe",
+                     daemon=True).start()
 
     def final() -> None:
         stop.set()

@@ -86,14 +86,17 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
               help="The trainer (spec.trainer.backend): slime and miles evaluate before training where their train.py"
               " does, and refuse train dumps their own code refuses (see --trainer-args).")
 @click.option("--trainer-args", default=None, metavar="JSON",
-              help="spec.trainer.args as a JSON list (slime / miles): the settings their acceptance rules read "
-              "(--advantage-estimator, --n-samples-per-prompt, ...); --reward-key is the framework's too.")
+              help="The trainer's argv as a JSON list (slime / miles): spec.trainer.args and the flags forge-replay "
+              "injects that their acceptance rules read (--actor-num-nodes, --actor-num-gpus-per-node, fault "
+              "tolerance, the debug loader), with --advantage-estimator, --global-batch-size, ... from the args; "
+              "--reward-key is the framework's too.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes, each verifying one file at a time (memory: the largest file's times the"
               " workers). Default: the CPUs this process may use (affinity and cgroup quota).")
 @click.option("--record", "record_path", default=None, metavar="FILE",
               help="Write what was checked (per file: path, size, mtime, the settings) to FILE, for the runtime's"
-              " pre-flight to trust (the operator's verify Job writes it to the results claim).")
+              " pre-flight to trust (the operator's verify Job writes it to the results claim), with the notes of"
+              " what slime / miles would drop, which their report.json's preflight carries.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_limit_option
 def verify(**options: Any) -> None:

@@ -23,7 +23,7 @@ from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ForgeReplayJobSt
 from forge_replay.api.paths import CONFIG_FILE
 from forge_replay.api.progress_report import PROGRESS_KEY, ProgressReport
 from forge_replay.api.runtime_config import RuntimeConfig
-from forge_replay.controller import metrics, naming
+from forge_replay.controller import metrics, naming, out_of_memory
 from forge_replay.controller.claims import claim_problems, named_claims
 from forge_replay.controller.kube import Kube, KubeError
 from forge_replay.controller.render import frozen_spec, render, spec_hash
@@ -294,6 +294,8 @@ class Reconciler:
             launch_note=self._launch_note(namespace, rayjob),
             ray_pods=self._ray_pods_at_failure(namespace, rayjob, previous),
         )
+        if out_of_memory.needs_teardown(status, rayjob):
+            self._tear_down_at_once(rayjob)
         return self._write_status(body, previous, status)
 
     # ------------------------------------------------------------------------------------ pieces
@@ -409,6 +411,17 @@ class Reconciler:
             "ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"], {"spec": {"suspend": wanted}}
         )
 
+    def _tear_down_at_once(self, rayjob: dict[str, Any]) -> None:
+        """A run that ran out of memory keeps no Ray cluster: KubeRay deletes it as soon as the Ray job has ended
+        (ttlSecondsAfterFinished 0 instead of the spec's, which keeps a finished cluster for its logs)."""
+        meta = rayjob["metadata"]
+        try:
+            self.kube.merge_patch("ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"],
+                                  {"spec": {"ttlSecondsAfterFinished": 0}})
+        except KubeError as exc:
+            if exc.status != 404:  # a RayJob already gone holds no cluster
+                raise
+
     def _progress(self, namespace: str, name: str) -> ProgressReport | None:
         config = self.kube.get("v1", "ConfigMap", namespace, naming.progress_map_name(name))
         text = ((config or {}).get("data") or {}).get(PROGRESS_KEY)
@@ -441,7 +454,11 @@ class Reconciler:
         phase = status["phase"]
         failed_now = phase_changed(previous, status) and phase == "Failed"
         if phase_changed(previous, status):
-            self._event(body, phase, status.get("message") or phase, warning=failed_now)
+            reason, message = phase, status.get("message") or phase
+            ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+            if failed_now and ready.get("reason") == out_of_memory.OUT_OF_MEMORY:  # the record's one line
+                reason, message = out_of_memory.OUT_OF_MEMORY, out_of_memory.line(status.get("outOfMemory"))
+            self._event(body, reason, message, warning=failed_now)
         # A refusal or an API error: one Warning per cause and generation (a new failure has its own above).
         if new_warning(previous, status) and not failed_now:
             stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")

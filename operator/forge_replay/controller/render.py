@@ -84,10 +84,11 @@ def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeCo
 
 
 def _verify_record(job: ForgeReplayJob) -> str | None:
-    """Where the verify Job records what it checked, for the runtime's pre-flight to trust: the run's folder of the
-    results claim, which both mount; None without the verify Job or a results claim (the runtime verifies all), and
-    for slime / miles, whose own script runs instead of the runtime."""
-    if not (job.spec.replay.verify and job.spec.results.claim_name) or _byo(job):
+    """Where the verify Job records what it checked: the run's folder of the results claim, which the runtime mounts
+    too; None without the verify Job or a results claim (the runtime verifies all). The runtime's pre-flight trusts it;
+    a slime / miles job's publish step, in the same folder, copies its notes (what the framework would drop without a
+    word) into report.json's preflight."""
+    if not (job.spec.replay.verify and job.spec.results.claim_name):
         return None
     return f"{_results_dir(job)}/{RECORD_FILE}"
 

@@ -10,6 +10,8 @@ Conditions are written for kstatus (Flux) and Argo CD health checks:
 - ``SpecValid``, ``DumpsVerified``, ``ClusterReady``: what stands between the spec and a running job.
 - ``ExpectationsMet`` (with ``spec.expect``): the verdict the runtime recorded (``status.expectations``); False fails
   the job with reason ``ExpectationsNotMet`` and the first failure.
+- ``status.outcome`` / ``status.outOfMemory`` (``controller.out_of_memory``): an out-of-memory fails the job with
+  reason ``OutOfMemory`` (it succeeds when spec.expect.outcome is outOfMemory).
 
 A KubeRay ``Complete`` with a ``jobStatus`` other than ``SUCCEEDED`` is a failure. A failure because the Ray head
 pod went away mid-run (``head_pod_loss``) says so, with reason ``HeadPodLost``, instead of KubeRay's words about the
@@ -24,7 +26,9 @@ from typing import Any
 
 from forge_replay.api import ForgeReplayJob, Problem
 from forge_replay.api.progress_report import ProgressReport
+from forge_replay.controller import out_of_memory
 from forge_replay.controller.head_pod import head_pod_loss
+from forge_replay.controller.out_of_memory import Finding
 from forge_replay.controller.naming import results_folder
 from forge_replay.verdict.checks import missing_verdict
 
@@ -140,10 +144,13 @@ def status_from(
     else:
         run = _run_before_launch(job, verify, verify_message)
 
-    expectations = _expectations(progress, previous)
+    launched = rayjob is not None or launched_before
+    found = out_of_memory.finding(job, previous, progress, ray_pods, run.phase) if launched else Finding()
+    expectations = out_of_memory.with_outcome_check(_expectations(progress, previous), job.spec.expect, found.outcome)
     unmet = _unmet(job.spec, expectations, run.phase)
     if unmet is not None:  # the run ended, but spec.expect is not met (or was never checked): the job fails
         run = replace(run, phase="Failed", reason=EXPECTATIONS_NOT_MET, message=f"expectation not met: {unmet}")
+    run = _out_of_memory(job, run, found, unmet, previous, progress)
     if run.phase in TERMINAL_PHASES:
         run = replace(run, completion=previous.get("completionTime") or run.completion or now_text)
 
@@ -167,6 +174,8 @@ def status_from(
         "rayClusterName": None if run.phase == "Suspended" else rj_status.get("rayClusterName") or previous.get(
             "rayClusterName"),
         **_reported(job, previous, progress, expectations),
+        "outcome": found.outcome,
+        "outOfMemory": found.record,
         "startTime": _start_time(previous, rayjob),
         "completionTime": run.completion if run.phase in TERMINAL_PHASES else None,
         "message": _tail(message),
@@ -200,6 +209,24 @@ def _run_of_rayjob(
             reason, message, cluster)
     completion = (rayjob.get("status") or {}).get("endTime") if phase in TERMINAL_PHASES else None
     return _Run(phase, reason, message, cluster, completion)
+
+
+def _out_of_memory(job: ForgeReplayJob, run: _Run, found: Finding, unmet: str | None, previous: dict[str, Any],
+                   progress: ProgressReport | None) -> _Run:
+    """A run that ran out of memory (``controller.out_of_memory``) fails with reason OutOfMemory, once it has
+    ended (its RayJob, or the runtime's result, says so); as spec.expect.outcome expects, it succeeds."""
+    ended = run.phase in TERMINAL_PHASES or (progress is not None and progress.result is not None)
+    if found.outcome != "outOfMemory" or not ended:
+        return run
+    completion = run.completion or found.ended_at
+    if job.spec.expect is not None and job.spec.expect.outcome == "outOfMemory":
+        if unmet is not None or run.phase not in TERMINAL_PHASES:  # another check failed; or it has not ended yet
+            return run
+        return replace(run, phase="Succeeded", reason="Succeeded", completion=completion,
+                       message=out_of_memory.expected_message(found.record))
+    done, total = out_of_memory.rollouts_done(job, previous, progress)
+    return replace(run, phase="Failed", reason=out_of_memory.OUT_OF_MEMORY, completion=completion,
+                   message=out_of_memory.failure_message(found.record, done, total))
 
 
 def _run_without_rayjob(previous: dict[str, Any], progress: ProgressReport | None) -> _Run:

@@ -8,7 +8,10 @@ unreadable, naming the rollout, file, sample and field. The model's limits come 
 weights (:func:`~forge_replay.dumps.model_limits.model_limits`); a config that cannot be read is noted and those two checks skipped. Without the
 job's settings the per-sample checks run alone (:func:`~forge_replay.dumps.convert.check_samples`). Samples with an
 all-zero loss mask and a top-level ``rollout_id`` that is not the file's rollout are counted and noted. Eval trains
-nothing: an eval dump's rewards are read as the run reports them (:func:`eval_reward_problem`).
+nothing: an eval dump's rewards are read as the run reports them (:func:`eval_reward_problem`). For a slime / miles
+job, train dumps also pass that framework's own acceptance rules (dumps/acceptance.py), and what the framework would
+drop of a dump without a word (slime: episodes past the last whole step) is a note (``VerifyReport.dropped``), kept in
+the verify record and in report.json's ``preflight``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal, NamedTuple
 
 from forge_replay.api.dump_path import eval_path, is_template, path_problem, train_path
-from forge_replay.dumps.acceptance import UpstreamSettings, refusals
+from forge_replay.dumps.acceptance import UpstreamSettings, dropped_notes, refusals
 from forge_replay.dumps.bounds import Limits
 from forge_replay.dumps.convert import Conversion, check_samples, rollout_id_note
 from forge_replay.dumps.evals import eval_rewards, replayed_eval_ids
@@ -67,7 +70,8 @@ class VerifyReport:
     template: str
     root: str | None
     checks: list[FileCheck] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # checks that were skipped, and why
+    notes: list[str] = field(default_factory=list)  # checks that were skipped, and why; the dropped ones too
+    dropped: list[str] = field(default_factory=list)  # what slime / miles would drop without a word, per rollout
     settings: FileSettings | None = None
     results: dict[tuple[str, str], FileResult] = field(default_factory=dict, repr=False)  # (path, kind) -> found
     verified: dict[str, str] = field(default_factory=dict)  # files read here -> why ("" without a record)
@@ -115,11 +119,11 @@ class VerifyReport:
 
     def preflight(self) -> dict:
         """What a pre-flight did, for report.json's ``preflight`` and its log line: files verified here (by
-        ``workers`` processes) and trusted from the verify record, the seconds it took, the record, and why it was
-        not used (``note``)."""
+        ``workers`` processes) and trusted from the verify record, the seconds it took, the record, why it was
+        not used (``note``), and what the framework would drop (``notes``)."""
         return {"verified": len(self.verified), "trusted": len(self.trusted), "seconds": round(self.seconds, 3),
                 "workers": self.workers,
-                "record": self.record, "note": self.record_note,
+                "record": self.record, "note": self.record_note, "notes": list(self.dropped),
                 "verified_files": [record_key(p, self.root) for p in self.verified],
                 "trusted_files": [record_key(p, self.root) for p in self.trusted]}
 
@@ -191,12 +195,14 @@ class FileSettings:
 
 @dataclass(frozen=True)
 class FileResult:
-    """What verifying one file found: its samples, the dump's own rollout_id and masked-out samples, or an error."""
+    """What verifying one file found: its samples, the dump's own rollout_id and masked-out samples, or an error; and
+    what the framework would drop of it (``dropped``, a slime / miles train dump's)."""
 
     samples: int | None = None
     error: str = ""
     rollout_id: int | None = None
     masked_out: int | None = None
+    dropped: tuple[str, ...] = ()
 
 
 def verify_file(path: str, kind: str, settings: FileSettings) -> FileResult:
@@ -215,10 +221,12 @@ def verify_file(path: str, kind: str, settings: FileSettings) -> FileResult:
                                           conversion is not None)
             if problem:
                 raise SampleError(None, "reward", problem)
-        refused = refusals(dump.samples, settings.upstream) if kind == "train" and settings.upstream else []
+        upstream = settings.upstream if kind == "train" else None
+        refused = refusals(dump.samples, upstream) if upstream else []
         if refused:  # the framework's own acceptance, stricter than forge-replay's trainer here
             raise SampleError(refused[0].index, refused[0].field, refused[0].problem)
-        return FileResult(len(dump.samples), "", dump.rollout_id, masked_out)
+        dropped = tuple(dropped_notes(dump.samples, upstream)) if upstream else ()
+        return FileResult(len(dump.samples), "", dump.rollout_id, masked_out, dropped)
     except SampleError as exc:
         return FileResult(error=str(exc) if exc.where else f"{path}: {exc}")
     except DumpError as exc:
@@ -404,11 +412,14 @@ def verify_dumps(
     to_verify = _take_trusted(report, files, stamps, trust)
     _verify_the_rest(report, to_verify, stamps, jobs, progress)
     report.entries = {
-        (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out)
+        (record_key(path, root), kind): Entry(stamps[path], result.samples, result.rollout_id, result.masked_out,
+                                              result.dropped)
         for (path, kind), result in report.results.items()
         if not result.error and result.samples is not None and stamps[path] is not None
     }
     report.checks.extend(_file_check(p, report.results) for p in planned)
+    report.dropped = _dropped(planned, report.results)
+    report.notes.extend(report.dropped)
     report.seconds = time.perf_counter() - began
     return report
 
@@ -476,7 +487,8 @@ def _take_trusted(report: VerifyReport, files: list[tuple[str, str]], stamps: di
         entry, reason = ((None, "") if trust is False
                          else record.entry_for(record_key(path, report.root), kind, stamps[path]))
         if entry is not None:
-            report.results[(path, kind)] = FileResult(entry.samples, "", entry.rollout_id, entry.masked_out)
+            report.results[(path, kind)] = FileResult(entry.samples, "", entry.rollout_id, entry.masked_out,
+                                                      entry.dropped)
             report.trusted.append(path)
         else:
             to_verify.append((path, kind))
@@ -508,3 +520,18 @@ def _file_check(planned: PlannedFile, results: dict[tuple[str, str], FileResult]
     if note:
         message = f"{message}; {note}" if message else note
     return FileCheck(kind, n, path, status, message, result.samples, used, result.masked_out, bool(note))
+
+
+def _dropped(planned: list[PlannedFile], results: dict[tuple[str, str], FileResult]) -> list[str]:
+    """What the framework would drop of the train dumps the run reads, one line per distinct note with the rollouts
+    it holds for (``rollouts 0, 1: slime trains 8 of its 12 episodes ...``)."""
+    rollouts: dict[str, list[int]] = {}
+    for p in planned:
+        result = results.get((p.used, p.kind)) if p.kind == "train" and p.used is not None else None
+        for note in result.dropped if result is not None and not result.error else ():
+            rollouts.setdefault(note, []).append(p.rollout_id)
+    lines = []
+    for note, ids in rollouts.items():
+        shown = ", ".join(map(str, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+        lines.append(f"{'rollouts' if len(ids) > 1 else 'rollout'} {shown}: {note}")
+    return lines

@@ -12,6 +12,9 @@ holds it for the same kind with the same size and mtime and the record's setting
 or one the record does not hold, is verified again; a record that is missing, unreadable or made under other settings
 trusts nothing, and the report's notes say which. Trusting the record skips only the pre-flight: training still reads
 every dump through the safe loader and the same conversion, and refuses a bad one there.
+
+For a slime / miles job the record also keeps what that framework would drop without a word (per file, and as
+verify's ``notes``); the job's publish step copies those notes into report.json's ``preflight``.
 """
 
 from __future__ import annotations
@@ -59,14 +62,21 @@ class Entry:
     samples: int
     rollout_id: int | None
     masked_out: int | None
+    dropped: tuple[str, ...] = ()  # what slime / miles would drop of it without a word (acceptance.dropped_notes)
 
 
-def record_document(settings: dict[str, Any], entries: dict[tuple[str, str], Entry]) -> dict[str, Any]:
-    """The record as JSON: ``entries`` maps (record key, kind) to what was found."""
+def record_document(settings: dict[str, Any], entries: dict[tuple[str, str], Entry],
+                    notes: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The record as JSON: ``entries`` maps (record key, kind) to what was found; ``notes`` are verify's notes of what
+    a slime / miles run would drop without a word (``VerifyReport.dropped``), which a slime / miles run's report.json
+    carries in its ``preflight`` (backends/publish.py)."""
     written_at = now_rfc3339()
     files = [{"path": path, "kind": kind, "size": e.stamp.size, "mtime_ns": e.stamp.mtime_ns, "samples": e.samples,
-              "rollout_id": e.rollout_id, "masked_out": e.masked_out} for (path, kind), e in sorted(entries.items())]
-    return {"format": FORMAT, "version": VERSION, "written_at": written_at, "settings": settings, "files": files}
+              "rollout_id": e.rollout_id, "masked_out": e.masked_out, **({"dropped": list(e.dropped)} if e.dropped
+                                                                          else {})}
+             for (path, kind), e in sorted(entries.items())]
+    return {"format": FORMAT, "version": VERSION, "written_at": written_at, "settings": settings, "files": files,
+            "notes": list(notes)}
 
 
 def write_record(path: str, document: dict[str, Any]) -> None:
@@ -129,8 +139,11 @@ def _entries(document: Any) -> dict[tuple[str, str], Entry]:
                 and all(_is_int(item[k]) for k in ("size", "mtime_ns", "samples"))
                 and all(item[k] is None or _is_int(item[k]) for k in ("rollout_id", "masked_out"))):
             raise ValueError(f"malformed file entry {json.dumps(item)[:120]}")
+        dropped = item.get("dropped", [])
+        if not (isinstance(dropped, list) and all(isinstance(d, str) for d in dropped)):
+            raise ValueError(f"malformed file entry {json.dumps(item)[:120]}")
         entries[(item["path"], item["kind"])] = Entry(Stamp(item["size"], item["mtime_ns"]), item["samples"],
-                                                      item["rollout_id"], item["masked_out"])
+                                                      item["rollout_id"], item["masked_out"], tuple(dropped))
     return entries
 
 

@@ -57,11 +57,16 @@ class VerifyRequest:
         every train dump goes through the trainer's own conversion (dict rewards under the keys training and eval
         read, a dict reward without rewardKey refused; groups as trainer.nSamplesPerPrompt makes them; tokens within
         the model's vocabulary and positions, from its config) and, for slime / miles, the framework's own eval
-        before training and acceptance rules. In the pod one worker per CPU it requests, and the verify record written
-        to ``record`` (the controller knows where); with ``in_pod=False`` neither (`forge-replay run` of a slime /
-        miles job on this machine). ``model_root`` None leaves a model path out (its limits are then not checked)."""
+        before training and acceptance rules, on the team's args and the flags forge-replay injects that they read
+        (frameworks/batch.verify_flags). In the pod one worker per CPU it requests; with ``in_pod=False`` the CPUs of
+        this machine (`forge-replay run` of a slime / miles job). The verify record is written to ``record`` when
+        given (the controller knows where; `forge-replay run` into its results folder). ``model_root`` None leaves a
+        model path out (its limits are then not checked)."""
+        from forge_replay.frameworks.batch import verify_flags
+
         replay, trainer, model = job.spec.replay, job.spec.trainer, job.spec.model
         byo = trainer.backend != "builtin"
+        argv = [*trainer.args, *verify_flags(job.spec, f"{dumps_root.rstrip('/')}/{replay.dumps.path}")] if byo else []
         return cls(
             template=replay.dumps.path,
             num_rollouts=replay.num_rollouts,
@@ -79,9 +84,9 @@ class VerifyRequest:
             model_config=None if model.config is None else json.dumps(model.config, sort_keys=True,
                                                                       separators=(",", ":")),
             backend=trainer.backend,
-            trainer_args=json.dumps(trainer.args, separators=(",", ":")) if byo else None,
+            trainer_args=json.dumps(argv, separators=(",", ":")) if byo else None,
             jobs=replay.verify_resources.cpus if in_pod else None,
-            record_path=(record or None) if in_pod else None,
+            record_path=record or None,
         )
 
     def argv(self) -> list[str]:
@@ -231,7 +236,7 @@ def _record(report: Any, path: str) -> None:
     from forge_replay.dumps.verify_record import record_document, write_record
 
     try:
-        write_record(path, record_document(report.settings.to_dict(), report.entries))
+        write_record(path, record_document(report.settings.to_dict(), report.entries, report.dropped))
         report.notes.append(f"recorded {len(report.entries)} verified file(s) in {path}")
     except OSError as exc:
         report.notes.append(f"cannot write the verify record {path} ({exc.strerror or exc}): the runtime"

@@ -20,9 +20,18 @@ from forge_replay.frameworks.flags import flag_table, required_flags, sets_flag
 RULE_IDS = (
     "eval-needs-datasets", "debug-skips-eval", "eval-before-train", "global-dataset", "upstream-debug-loader",
     "upstream-forge-loader", "reward-key-needs-dict", "rollout-shares-reward", "world-size", "steps-split-by-episode",
+    "megatron-pin", "step-micro-batches-align", "trailing-episodes-dropped", "top-p-needs-token-ids",
+    "rollout-log-probs", "debug-rollout-only", "ft-watches-rollout-only", "start-needs-checkpoint",
+    "trim-to-global-batch", "indep-dp-one-step", "data-parallel-size", "default-global-batch-size",
 )  # fmt: skip
 """Every rule forge-replay reads; a backend lacks the ones its code has no counterpart of (miles has no forge_load,
 slime no shared-reward check)."""
+
+MEGATRON = "megatron"
+"""The third repository of the rules file: Megatron-LM, whose argument checks slime and miles both run (the batch
+size and data-parallel rules). slime's image pins its commit (slime's rule megatron-pin); miles follows a branch of
+its own fork at this revision (radixark/Megatron-LM, miles-main), so for miles the same lines are read at slime's
+pin."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,8 @@ def _rules() -> dict[str, Any]:
 
 
 def upstream_rule(backend: str, rule_id: str) -> UpstreamRule | None:
-    """The rule ``rule_id`` of ``backend`` (slime or miles), or None when that backend's code has no such rule."""
+    """The rule ``rule_id`` of ``backend`` (slime or miles, or ``MEGATRON``), or None when that code has no such
+    rule."""
     if rule_id not in RULE_IDS:
         raise KeyError(f"no upstream rule {rule_id!r}; one of {', '.join(RULE_IDS)}")
     part = _rules().get(backend)

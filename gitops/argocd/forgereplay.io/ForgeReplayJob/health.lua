@@ -4,7 +4,9 @@
 -- has Succeeded, so an Argo CD sync (or a sync wave) that includes one waits for the replay to pass.
 --   Failed, or Stalled=True, or SpecValid=False -> Degraded (checked first: a change refused after the job
 --                                               succeeded is Degraded, as kstatus reads Stalled=True: Failed)
---   Succeeded                                -> Healthy
+--                                               (an out-of-memory is Failed, reason OutOfMemory: Degraded)
+--   Succeeded                                -> Healthy (a run that ran out of memory as spec.expect.outcome
+--                                               expects is Succeeded too; the message ends with the outcome)
 --   Suspended                                -> Suspended
 --   Pending / Verifying / Launching / Running -> Progressing
 -- A status the operator wrote for an older generation of the spec says nothing about the current
@@ -31,6 +33,14 @@ local function first_message(...)
     if type(m) == "string" and m ~= "" then
       return m
     end
+  end
+  return ""
+end
+
+-- status.outcome, once the run has ended: fits, overBudget, outOfMemory or failed.
+local function outcome(status)
+  if status.outcome ~= nil and status.outcome ~= "" then
+    return ", outcome " .. tostring(status.outcome)
   end
   return ""
 end
@@ -74,7 +84,8 @@ end
 
 if phase == "Succeeded" then
   hs.status = "Healthy"
-  hs.message = first_message(ready and ready.message, status.message, "Replay succeeded") .. progress(status)
+  hs.message = first_message(ready and ready.message, status.message, "Replay succeeded") .. progress(status) ..
+    outcome(status)
   return hs
 end
 
