@@ -89,6 +89,7 @@ class CudaOomObserver:
                      "reserved_bytes": stats.get("reserved_bytes.all.current")}
         if self.snapshot_path and self.snapshot is None:
             try:
+                os.makedirs(os.path.dirname(self.snapshot_path) or ".", exist_ok=True)
                 torch.cuda.memory._dump_snapshot(self.snapshot_path)
                 self.snapshot = self.snapshot_path
             except Exception:  # noqa: BLE001 - the record matters more than the snapshot (a full disk)
