@@ -1,9 +1,9 @@
-"""GPU check for a bare torch machine: trainer memory on long context, packed attention on GPU, CUDA IPC.
+"""GPU check for a bare torch machine: trainer memory on long context, packed attention on GPU, CUDA IPC, out of memory.
 
 No Ray and no sglang anywhere on its path (both are blocked: an import of either fails the check). It drives
 forge-replay's own code directly: the rollout manager's conversion, rank split and packing, one trainer rank
 (FSDP2, the loss, the memory probe), the report's records, summary and memory plot, the packed attention,
-and the tensor path's IPC encoding. Three checks:
+and the tensor path's IPC encoding. Four checks:
 
 1. memory: a Qwen3-1.7B-like config (random init, bf16, gradient checkpointing) on synthesized slime-format
    dumps of 32k and 64k tokens per sample, three steps each: the report's per-step peak allocated and
@@ -16,6 +16,11 @@ and the tensor path's IPC encoding. Three checks:
 3. ipc: the tensor path's payload (``serialize_named_tensors`` of GPU tensors, in the
    ``/update_weights_from_tensor`` body) opened by another process with the sglang double's decoder and
    compared bit for bit; the receiver writes through the shared memory and the sender sees it.
+4. oom: a real CUDA out-of-memory at a known phase: one micro-batch whose bf16 logits ask for 1.5x the device's
+   memory, through the rollout manager and one trainer rank with ``memorySnapshot``: the rank's forward must raise
+   the run's record (cudaAllocator, phase forward, rollout 0, the bytes requested as torch's OOM observer saw them,
+   at least the device's total) and write the CUDA memory snapshot at that moment (a pickle whose trace holds the
+   ``oom`` event). Skipped, said so, without a GPU.
 
     python benches/gpu_check.py --wheels .gpu-wheels          # one GPU: $OUT/gpu_check.json + $OUT/memory.png
     python benches/gpu_check.py --cpu-smoke --out DIR         # the same code paths, tiny sizes, on CPU (CI)
@@ -112,6 +117,21 @@ def gpu_sizes() -> Sizes:
                  attention_lengths=(3000, 1096, 4096), ipc_shape=(32768, 2048))
 
 
+OOM_VOCAB, OOM_SAMPLE = 2**18, 4096
+"""The out-of-memory check's model vocabulary and sample length: its logits grow with the samples of its one
+micro-batch."""
+
+
+def oom_samples(device_total: int, vocab: int = OOM_VOCAB, sample_len: int = OOM_SAMPLE) -> int:
+    """Samples of ``sample_len`` tokens whose one micro-batch's bf16 logits ([tokens, vocab] x 2 bytes) ask for
+    at least 1.5x ``device_total``: a power of two (at least one group of 2), so that torch's allocator asks exactly
+    that (no rounding)."""
+    samples = 2
+    while samples * sample_len * vocab * 2 < device_total * 3 // 2:
+        samples *= 2
+    return samples
+
+
 def cpu_sizes() -> Sizes:
     return Sizes(model=TINY_QWEN3, lengths=(256, 512), prompt_len=32, samples=2, steps=3,
                  attention_model=TINY_QWEN3, attention_lengths=(40, 72, 24), ipc_shape=(64, 32))
@@ -204,6 +224,39 @@ def ipc_figures(sent: list[dict], received: list[dict]) -> list[Figure]:
     return [Figure("ipc", "tensors identical bit for bit", f"{same}/{len(sent)}", "",
                    "differ: " + ", ".join(bad) if bad else f"{sum(d['bytes'] for d in sent)} bytes",
                    not bad)]
+
+
+def snapshot_has_oom(path: Path) -> bool:
+    """Whether a CUDA memory snapshot (torch.cuda.memory._dump_snapshot's pickle) holds the ``oom`` event of its
+    trace (torch/cuda/memory.py: "'size' is the requested number of bytes that did not succeed")."""
+    import pickle
+
+    with path.open("rb") as handle:
+        snapshot = pickle.load(handle)
+    return any(entry.get("action") == "oom" for trace in snapshot.get("device_traces") or [] for entry in trace)
+
+
+def oom_figures(record: dict | None, device_total: int, logits_bytes: int, snapshot: Path | None) -> list[Figure]:
+    """The out-of-memory check's record against what it provoked: its signal, phase and rollout, the bytes
+    requested (at least the device's total, at most the logits), the snapshot written with its ``oom`` event."""
+    if record is None:
+        return [Figure("oom", "raised", "nothing", "", f"{logits_bytes / 2**30:.1f} GiB of logits fitted", False)]
+    when, much = record["when"], record["how_much"]
+    requested = much.get("requested_bytes")
+    written = snapshot is not None and snapshot.is_file()
+    return [
+        Figure("oom", "signal / phase / rollout", f"{record['signal']} / {when['phase']} / {when['rollout']}", "",
+               "expected cudaAllocator / forward / 0",
+               (record["signal"], when["phase"], when["rollout"]) == ("cudaAllocator", "forward", 0)),
+        Figure("oom", "bytes requested", float(requested or 0) / 2**30, "GiB",
+               f"the observer's; device total {device_total / 2**30:.1f} GiB, logits {logits_bytes / 2**30:.1f} GiB",
+               requested is not None and device_total <= requested <= logits_bytes),
+        Figure("oom", "allocated / reserved at the moment", f"{(much.get('allocated_bytes') or 0) / 2**30:.2f} / "
+               f"{(much.get('reserved_bytes') or 0) / 2**30:.2f}", "GiB", "memory_stats in the observer",
+               much.get("allocated_bytes") is not None and much.get("reserved_bytes") is not None),
+        Figure("oom", "snapshot", record.get("snapshot") or "none", "", "written at the moment, with its oom event",
+               written and snapshot_has_oom(snapshot)),
+    ]
 
 
 def exit_code(figures: list[Figure]) -> int:
@@ -422,6 +475,50 @@ def check_attention(sizes: Sizes, on_gpu: bool) -> tuple[list[Figure], dict]:
     return figures, details
 
 
+def check_oom(sizes: Sizes, on_gpu: bool, work: Path, out: Path) -> tuple[list[Figure], dict]:
+    """A micro-batch too large for the device, in the rank's forward: the record it raises, the snapshot it writes."""
+    if not on_gpu:
+        return [Figure("oom", "skipped", "no GPU", "", "a CUDA out-of-memory needs CUDA")], {"skipped": "no GPU"}
+    import torch
+
+    from forge_replay.api import parse_job
+    from forge_replay.api.outcome import RanOutOfMemory
+    from forge_replay.dumps import save
+    from forge_replay.dumps.synth import synth_samples
+    from forge_replay.runtime.rollout_manager import RolloutManager
+    from forge_replay.runtime.trainer.model import model_source
+    from forge_replay.runtime.trainer.rank import TrainerRank, trainer_settings
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    samples = oom_samples(total)
+    save(work / "oom.pt", 0, synth_samples(0, samples // 2, 2, 64, OOM_SAMPLE - 64, vocab_size=OOM_VOCAB))
+    doc = _job_doc(sizes, OOM_SAMPLE, on_gpu)
+    doc["spec"]["replay"].update(numRollouts=1, dumps={"claimName": "gpu-check", "path": "oom.pt"})
+    doc["spec"]["model"]["config"] = dict(TINY_QWEN3, vocab_size=OOM_VOCAB, max_position_embeddings=OOM_SAMPLE)
+    doc["spec"]["trainer"].update(microBatchTokens=samples * OOM_SAMPLE, memorySnapshot=True, nSamplesPerPrompt=2,
+                                  gradientCheckpointing=False)
+    job = parse_job(doc)
+    rank = TrainerRank(0, trainer_settings(job.spec.trainer))
+    record = None
+    try:
+        rank.init_process_group("127.0.0.1", _free_port())
+        rank.watch.arm(None, str(out), memory_snapshot=True)  # no phase board here (no Ray): the record and snapshot
+        rank.setup(model_source(job.spec.model, None))
+        batch = RolloutManager(job, str(work), world_size=1, vocab_size=OOM_VOCAB, use_object_store=False).get_rollout(0)
+        try:
+            rank.train_step(0, batch.rank_batches[0], batch.loss_tokens, rollout_id=0)
+        except RanOutOfMemory as exc:
+            record = exc.record.model_dump(mode="json")
+    finally:
+        rank.shutdown()
+        del rank
+    logits = samples * OOM_SAMPLE * OOM_VOCAB * 2
+    snapshot = out / record["snapshot"] if record and record.get("snapshot") else None
+    details = {"record": record, "device_total_bytes": total, "logits_bytes": logits, "samples": samples,
+               "snapshot_bytes": snapshot.stat().st_size if snapshot is not None and snapshot.is_file() else None}
+    return oom_figures(record, total, logits, snapshot), details
+
+
 def ipc_payload(shape: tuple[int, int], device: str) -> list:
     """The tensors sent: bf16 weights, a view at a storage offset, a transposed view, float32, int64, a scalar."""
     import torch
@@ -539,7 +636,7 @@ def machine(on_gpu: bool) -> dict:
     return info
 
 
-CHECKS = ("memory", "attention", "ipc")
+CHECKS = ("memory", "attention", "ipc", "oom")
 
 
 def _release(on_gpu: bool) -> None:
@@ -566,6 +663,8 @@ def run_checks(checks: list[str], sizes: Sizes, on_gpu: bool, out: Path, documen
                     found, details = check_memory(sizes, on_gpu, Path(work), out)
                 elif name == "attention":
                     found, details = check_attention(sizes, on_gpu)
+                elif name == "oom":
+                    found, details = check_oom(sizes, on_gpu, Path(work), out)
                 else:
                     found, details = check_ipc(sizes, on_gpu)
             except Exception as exc:  # noqa: BLE001 - one broken check is a failure, the others still run

@@ -22,12 +22,14 @@ def run_check(*args: str, out: Path) -> tuple[subprocess.CompletedProcess, dict]
     return done, json.loads((out / "gpu_check.json").read_text())
 
 
-def test_cpu_smoke_runs_all_three_checks_and_writes_the_json_and_plot(tmp_path):
+def test_cpu_smoke_runs_every_check_and_writes_the_json_and_plot(tmp_path):
     done, result = run_check(out=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert result["ok"] is True and result["mode"] == "cpu-smoke"
-    assert set(result["checks"]) == {"memory", "attention", "ipc"}
+    assert set(result["checks"]) == {"memory", "attention", "ipc", "oom"}
     assert all(check["ok"] for check in result["checks"].values())
+    assert result["checks"]["oom"]["skipped"] == "no GPU"  # a CUDA out-of-memory needs CUDA: skipped, said so
+    assert "oom: skipped = no GPU" in done.stdout
 
     figures = result["figures"]
     printed = [line for line in done.stdout.splitlines() if line.endswith(("[OK]", "[FAIL]", "[info]"))]

@@ -3,7 +3,8 @@
 Covers: debug replay end to end with losses that fall when the same data repeats (a literal path
 reused for every rollout), the rollout-0 fallback counted in the report and progress, a missing
 eval dump reported, the debug-mode rollout manager constructing nothing rollout-side, a 2-rank
-FSDP run equal to a 1-rank run, and the CLI's errors for a missing dump and an inconsistent sample.
+FSDP run equal to a 1-rank run, the CLI's errors for a missing dump and an inconsistent sample, a rank's
+out-of-memory in forward as the run's answer, and a SIGKILLed rank that is no out-of-memory.
 """
 
 from __future__ import annotations
@@ -267,3 +268,76 @@ def test_vlm_samples_train_their_text_and_the_run_says_once_that_it_ignored_thei
     assert report.summary["multimodal_ignored_samples"] == 6 and all(math.isfinite(r.loss) for r in report.rollouts)
     said = [r.getMessage() for r in caplog.records if "multimodal inputs" in r.getMessage()]
     assert len(said) == 1 and "3 sample(s)" in said[0], said
+
+
+def test_a_rank_out_of_memory_in_forward_is_the_runs_answer_and_expected_it_succeeds(tmp_path):
+    """Rollout 1 packs 256k tokens into one micro-batch of a model with a 1M vocabulary: its logits (1 TiB of
+    float32) are more than any machine's memory and swap, so torch's CPU allocator refuses them at once, in the
+    rank's forward (issue 31). The run reports it, keeps rollout 0's step and stops everything it started."""
+    from pathlib import Path
+
+    from forge_replay.runtime.run_inputs import EXIT_OK, EXIT_OUT_OF_MEMORY, exit_status
+
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1":
+        pytest.skip("vm.overcommit_memory=1 would grant 1 TiB and let the rank touch it")
+    vocab = 2**20
+    root = tmp_path / "dumps"
+    save(root / "rollout_0.pt", 0, synth_samples(0, 1, 2, 4, 4, vocab_size=vocab))
+    save(root / "rollout_1.pt", 1, synth_samples(1, 256, 2, 64, 448, vocab_size=vocab))
+    doc = job_doc("oom-forward", "rollout_{rollout_id}.pt", 2, micro_batch_tokens=2**18, verify=False)
+    doc["spec"]["model"] = {"config": {**TINY_LLAMA, "vocab_size": vocab, "hidden_size": 8, "intermediate_size": 16,
+                                       "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                       "max_position_embeddings": 512}}
+    doc["spec"]["trainer"]["nSamplesPerPrompt"] = 2
+    doc["spec"]["expect"] = {"outcome": "outOfMemory"}  # a release test: this configuration must still be refused
+    report = run_job(config_for(doc, root, tmp_path / "out"), show_progress=False)  # an answer: not raised
+    oom = report.out_of_memory
+    assert report.outcome == "outOfMemory" and report.partial and report.completed == 1
+    assert (oom["signal"], oom["where"]["rank"], oom["when"]["rollout"], oom["when"]["phase"]) == \
+        ("cpuAllocator", 0, 1, "forward")
+    assert oom["how_much"]["requested_bytes"] == 2**18 * vocab * 4  # the logits: [1, 256k tokens, 1M] float32
+    assert set(oom["how_much"]["last_step_peak_gib"]) == {"0"}
+    assert [c["name"] for c in report.expectations] == ["outcome"] and report.expectations[0]["passed"]
+    assert exit_status(report) == (EXIT_OK, None)  # expected: forge-replay run exits 0
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["outcome"] == "outOfMemory" and saved["out_of_memory"] == oom and saved["completed"] == 1
+    assert [r["rollout_id"] for r in saved["rollouts"]] == [0]
+    report.expectations = None  # without spec.expect.outcome the same run exits 4
+    assert exit_status(report) == (EXIT_OUT_OF_MEMORY, report.error)
+    import time
+
+    deadline = time.monotonic() + 30  # the ranks and their placement group give their CPUs back (asynchronously)
+    while ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"]
+
+
+def test_a_rank_killed_without_an_oom_kill_in_its_cgroup_is_no_out_of_memory():
+    """A SIGKILLed rank looks to Ray like a kernel OOM kill (ActorDiedError, WORKER_DIED); only its cgroup's oom_kill
+    count tells them apart: unchanged here, so the run stays failed (issue 31)."""
+    import signal
+
+    from forge_replay.runtime.memory_cgroup import this_process_cgroup
+    from forge_replay.runtime.rank_deaths import death_record, dead_ranks
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Rank:
+        def alive(self):
+            return 0
+
+        def watched(self):
+            return {"rank": 0, "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                    "cgroup": this_process_cgroup()}
+
+        def crash(self):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    victim, bystander = Rank.remote(), Rank.remote()
+    watched = ray.get(victim.watched.remote())
+    with pytest.raises(ray.exceptions.ActorDiedError) as died:
+        ray.get(victim.crash.remote())
+    dead = dead_ranks([bystander, victim])
+    assert list(dead) == [1] and isinstance(dead[1], ray.exceptions.ActorDiedError)
+    if watched["cgroup"] is not None:
+        assert death_record(0, died.value, watched, {"rollout": 0, "phase": "forward"}) is None
+    ray.kill(bystander)

@@ -108,3 +108,45 @@ def test_gpu_sizes_are_the_issues(gpu_check):
     assert sizes.lengths == (32768, 65536) and sizes.steps == 3
     assert sizes.model["architectures"] == ["Qwen3ForCausalLM"] and sizes.model["hidden_size"] == 2048
     assert sizes.model["num_hidden_layers"] == 28  # the 1.7B shape, from benches/gpu_memory_peak.py
+
+
+def test_the_out_of_memory_micro_batch_asks_for_one_and_a_half_devices(gpu_check):
+    h200 = 143_771_369_472  # torch.cuda.get_device_properties(0).total_memory of an H200
+    samples = gpu_check.oom_samples(h200)
+    logits = samples * gpu_check.OOM_SAMPLE * gpu_check.OOM_VOCAB * 2
+    assert samples == 128 and logits == 2**38 >= 1.5 * h200  # 256 GiB of bf16 logits, a power of two
+    assert gpu_check.oom_samples(80 * 2**30) == 64
+
+
+def oom_record(signal="cudaAllocator", phase="forward", rollout=0, requested=2**38, snapshot="snap.pickle"):
+    return {"signal": signal, "when": {"phase": phase, "rollout": rollout}, "snapshot": snapshot,
+            "how_much": {"requested_bytes": requested, "allocated_bytes": 2**30, "reserved_bytes": 2**31}}
+
+
+def snapshot_file(path, actions):
+    """A file in the format of torch.cuda.memory._snapshot() (torch/cuda/memory.py: ``device_traces``, one list of
+    trace entries per device, each with its ``action``)."""
+    import pickle
+
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[{"action": a, "size": 2**38} for a in actions]]}))
+    return path
+
+
+def test_the_out_of_memory_record_passes_only_as_provoked(gpu_check, tmp_path):
+    total, logits = 143_771_369_472, 2**38
+    snapshot = snapshot_file(tmp_path / "snap.pickle", ["alloc", "free_requested", "oom"])
+    assert all(f.ok for f in gpu_check.oom_figures(oom_record(), total, logits, snapshot))
+    failed = {name: [f.name for f in gpu_check.oom_figures(record, total, logits, snap) if f.ok is False]
+              for name, record, snap in [
+                  ("signal", oom_record(signal="cpuAllocator"), snapshot),
+                  ("phase", oom_record(phase="backward"), snapshot),
+                  ("requested", oom_record(requested=2**20), snapshot),  # not the logits' allocation
+                  ("no bytes", oom_record(requested=None), snapshot),
+                  ("no snapshot", oom_record(snapshot=None), None),
+                  ("no oom in it", oom_record(), snapshot_file(tmp_path / "other.pickle", ["alloc"])),
+              ]}
+    assert failed == {"signal": ["signal / phase / rollout"], "phase": ["signal / phase / rollout"],
+                      "requested": ["bytes requested"], "no bytes": ["bytes requested"],
+                      "no snapshot": ["snapshot"], "no oom in it": ["snapshot"]}
+    [fitted] = gpu_check.oom_figures(None, total, logits, None)  # nothing raised: the check fails
+    assert fitted.ok is False and "fitted" in fitted.detail

@@ -13,7 +13,7 @@ import click
 
 from forge_replay.runtime.local_run import (
     checked_builtin_inputs,
-    exit_if_expectations_unmet,
+    exit_by_outcome,
     quiet_local_ray,
     replay_locally,
     results_held,
@@ -54,6 +54,8 @@ def run(file: str, dumps_root: str | None, results_dir: str | None, model_root: 
     another run, which is named);
     3 the run finished but an expectation of spec.expect failed (a verdict table follows the run's; a run over
     maxPeakMemoryGiB is stopped after the step that went over);
+    4 the run ran out of memory (report.json's outcome outOfMemory and out_of_memory say where, when and how much;
+    0 when spec.expect.outcome is outOfMemory, and 3 when such a job fits);
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM): engines and trainer are stopped either way.
     """
     quiet_local_ray()
@@ -70,7 +72,7 @@ def _run(inputs: RunInputs) -> None:
     plan = checked_builtin_inputs(inputs)
     with results_held(inputs):
         report = replay_locally(inputs, plan)
-    exit_if_expectations_unmet(inputs, report)
+    exit_by_outcome(inputs, report)
 
 
 def _run_byo(inputs: RunInputs) -> None:

@@ -4,7 +4,8 @@ FILE is the runtime config the operator mounts from a ConfigMap (``RuntimeConfig
 job plus the mount points). Joins the Ray cluster (``RAY_ADDRESS`` under a KubeRay RayJob) or starts
 a local Ray. Exit status: 0 success, 1 the run failed, 2 the config, the results folder or the input is unusable
 (a dumps root or model folder that does not exist, dumps that verify refused: found before Ray starts), 3 the run
-finished but an expectation of spec.expect failed.
+finished but an expectation of spec.expect failed, 4 the run ran out of memory (0 when spec.expect.outcome expects
+it). The result published for the operator carries the outcome (and the out-of-memory record).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import sys
 
 from forge_replay.api.paths import CONFIG_PATH
-from forge_replay.runtime.run_inputs import EXIT_EXPECTATIONS, EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
+from forge_replay.runtime.run_inputs import EXIT_EXPECTATIONS, EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE, exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             prepare_results(config.results_dir)
         except ResultsError as exc:
             print(f"forge-replay: {exc}", file=sys.stderr)
-            record_result(config, "Failed", str(exc))
+            record_result(config, "Failed", str(exc), outcome="failed")
             return EXIT_UNUSABLE
 
     from forge_replay.verdict.run import unusable_baseline
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = unusable_baseline(config.job.spec, config.baseline_path)  # before Ray: nothing is trained for nothing
     if failed:
         print(f"forge-replay: {failed[0]['message']}", file=sys.stderr)
-        record_result(config, "Failed", f"{failed[0]['name']}: {failed[0]['message']}", failed)
+        record_result(config, "Failed", f"{failed[0]['name']}: {failed[0]['message']}", failed, outcome="failed")
         return EXIT_EXPECTATIONS
 
     from forge_replay.runtime.driver import ReplayRunError, preflight
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         prepared = preflight(config, progress=not args.no_progress)
     except ReplayRunError as exc:
         print(f"forge-replay: {exc}", file=sys.stderr)
-        record_result(config, "Failed", str(exc))
+        record_result(config, "Failed", str(exc), outcome="failed")
         return EXIT_UNUSABLE if getattr(exc, "unusable", False) else EXIT_FAILED
 
     import ray
@@ -73,19 +74,17 @@ def main(argv: list[str] | None = None) -> int:
         report = run_job(config, fixed_cluster=False, show_progress=not args.no_progress, prepared=prepared)
     except ReplayRunError as exc:
         print(f"forge-replay: run failed: {exc}", file=sys.stderr)
-        record_result(config, "Failed", str(exc))  # the operator reads it after the RayJob is gone
+        record_result(config, "Failed", str(exc), outcome="failed")  # the operator reads it after the RayJob is gone
         return EXIT_FAILED
     finally:
         if how != ALREADY_CONNECTED:
             ray.shutdown()
-    from forge_replay.verdict.run import unmet
-
-    if unmet(report):  # the run finished, but spec.expect failed: the job fails (ExpectationsMet=False)
-        print(f"forge-replay: {unmet(report)}", file=sys.stderr)
-        record_result(config, "Failed", unmet(report), report.expectations)
-        return EXIT_EXPECTATIONS
-    record_result(config, "Succeeded", expectations=report.expectations)
-    return EXIT_OK
+    code, why = exit_status(report)  # out of memory (4), or finished but spec.expect failed (3): the job fails
+    if why:
+        print(f"forge-replay: {why}", file=sys.stderr)
+    record_result(config, "Succeeded" if code == EXIT_OK else "Failed", why or "", report.expectations,
+                  outcome=report.outcome, out_of_memory=report.out_of_memory)
+    return code
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from forge_replay.runtime.gating import ReplayPlan, plan_replay, plan_weight_syn
 from forge_replay.runtime.report import (
     RunReport,
     combine_rank_results,
+    headline_gib,
     memory_peak,
     progress_memory,
     render_table,
@@ -134,6 +135,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     """Replay ``config.job`` on the connected Ray: every rollout trained, progress published,
     the report written to ``config.results_dir``. Raises :class:`ReplayRunError` with a clear message.
 
+    A run that ran out of memory returns its report (``outcome`` outOfMemory, ``out_of_memory`` the record, ``error``
+    its line): that is a memory test's answer, which :func:`forge_replay.runtime.run_inputs.exit_status` turns into
+    the exit status (4, or 0 when spec.expect.outcome expects it). Everything it started is stopped all the same.
+
     ``stopped_by`` (a callable) names the signal that stopped the run (``"SIGTERM"``), or None: an interrupted
     run's report says ``interrupted`` with it.
 
@@ -142,6 +147,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     import ray
     from rich.console import Console
 
+    from forge_replay.api.outcome import RanOutOfMemory
     from forge_replay.runtime.weights.calls import WeightSyncError
     from forge_replay.verdict.run import render_verdict
 
@@ -155,10 +161,11 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         run.start(fixed_cluster)
         run.train(prefetch, stopped_by)
         run.write_memory_snapshots()
-    except ray.exceptions.RayError as exc:
-        line = actor_error_line(exc)
-        report.error = _brief(exc) if "\n" in line else line
-        raise ReplayRunError(line) from None
+    except (ray.exceptions.RayError, RanOutOfMemory) as exc:  # RanOutOfMemory bare: from a weight push's wait
+        if not run.ran_out_of_memory(exc):  # an out-of-memory is the run's answer: reported, not raised
+            line = actor_error_line(exc)
+            report.error = _brief(exc) if "\n" in line else line
+            raise ReplayRunError(line) from None
     except WeightSyncError as exc:  # raised in this process by the weight-sync shell, already one clear line
         report.error = _brief(exc)
         raise ReplayRunError(f"{type(exc).__name__}: {exc}") from None
@@ -170,7 +177,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         try:  # the clean-up below must not depend on the report being written
             report_problem = run.finish(stopped_by)
         finally:
-            _shutdown(run.manager, run.group, run.placement)
+            _shutdown(run.manager, run.group, run.placement, run.board)
     if report_problem:
         raise ReplayRunError(report_problem)
     console.print(render_table(report))
@@ -220,7 +227,7 @@ class _ReplayRun:
         report.identity = identity_of(report.job, spec)
         self.saver = ReportSaver(config.results_dir)
         self.saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
-        self.group = self.manager = self.placement = self.syncer = None
+        self.group = self.manager = self.placement = self.syncer = self.board = None
         self.multimodal_said = False  # the builtin trainer says once that it trains VLM samples' text only
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -252,6 +259,7 @@ class _ReplayRun:
         from forge_replay.runtime.environment import environment
         from forge_replay.runtime.placement import PlacementError, place_trainer
         from forge_replay.runtime.rollout_manager import RolloutManager
+        from forge_replay.runtime.trainer.oom import PhaseBoard
         from forge_replay.runtime.trainer.rank import TrainerGroup
         from forge_replay.runtime.weights.sync import EngineWeightSync
 
@@ -272,6 +280,8 @@ class _ReplayRun:
                                                  if plan.start_engines else ""))
         self.next_batch = manager.get_rollout.remote(self.rollout_ids[0])  # loads while the trainer starts
         self.group = TrainerGroup(settings, self.placement)
+        self.board = ray.remote(PhaseBoard).options(num_cpus=0).remote()  # each rank's last phase, for a death
+        self.group.watch_memory(self.board, config.results_dir)
         rank0 = self.group.setup(self.prepared.model_source)[0]
         report.num_params = rank0["num_params"]
         report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
@@ -344,7 +354,7 @@ class _ReplayRun:
         if step == 0:
             self.starting("step 1: training")
         began = time.perf_counter()
-        results = ray.get(self.group.train_step_async(step, batch.rank_batches, batch.loss_tokens))
+        results = ray.get(self.group.train_step_async(step, batch.rank_batches, batch.loss_tokens, rollout_id))
         record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
                                       time.perf_counter() - began)
         report.rollouts.append(record)
@@ -364,6 +374,33 @@ class _ReplayRun:
         report.stopped_early = over_memory_budget(asdict(record), self.budget)
         return record
 
+    def ran_out_of_memory(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (raised while the run trained) says the run ran out of memory: a rank's allocator error
+        (:class:`~forge_replay.api.outcome.RanOutOfMemory` from its phase), or a rank killed by Ray's memory monitor
+        or the kernel's OOM killer (runtime/rank_deaths.py). If so the report records it (``out_of_memory``, with
+        the last complete step's peak per rank; ``error``: its line)."""
+        from forge_replay.api.outcome import RanOutOfMemory
+        from forge_replay.dumps.writing import now_rfc3339
+
+        cause = exc  # through every wrapper: a rank's error can reach here inside another actor's (the disk push)
+        while not isinstance(cause, RanOutOfMemory) and isinstance(getattr(cause, "cause", None), BaseException):
+            cause = cause.cause
+        record = cause.record if isinstance(cause, RanOutOfMemory) else None
+        if record is None and self.group is not None and self.group.watched:
+            from forge_replay.runtime.rank_deaths import rank_out_of_memory
+
+            record = rank_out_of_memory(self.group, self.board)
+        if record is None:
+            return False
+        if self.report.rollouts and record.how_much.last_step_peak_gib is None:
+            record.how_much.last_step_peak_gib = {str(m["rank"]): round(headline_gib(m), 4)
+                                                  for m in self.report.rollouts[-1].memory}
+        if record.when.at is None:
+            record.when.at = now_rfc3339()
+        self.report.out_of_memory = record.model_dump(mode="json")
+        self.report.error = record.line()
+        return True
+
     def write_memory_snapshots(self) -> None:
         """spec.trainer.memorySnapshot on GPUs: each rank's CUDA memory snapshot into the results folder."""
         if self.spec.trainer.memory_snapshot and self.settings.use_gpu and self.config.results_dir:
@@ -374,15 +411,21 @@ class _ReplayRun:
         the engines' report; the final report.json and memory.png. Returns the problem of writing them, or None."""
         import ray
 
+        from forge_replay.verdict.outcome import outcome_of
         from forge_replay.verdict.run import verdict
 
         report, spec = self.report, self.spec
         signal_name = stopped_by() if stopped_by is not None else None
-        if signal_name:
-            report.interrupted, report.error = signal_name, f"interrupted by {signal_name}"
+        if signal_name:  # (a run that had run out of memory already keeps that answer: outcome_of reads it first)
+            report.interrupted = signal_name
+            report.error = report.error if report.out_of_memory else f"interrupted by {signal_name}"
         report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
-        if report.error is None and spec.expect is not None:  # the verdict on a run that finished (or was stopped)
-            checks, warnings = verdict(report.to_dict(), spec, self.config.baseline_path)
+        report.partial = report.error is not None or report.completed < report.planned
+        report.outcome = outcome_of(report.to_dict(), self.budget)
+        judged = report.error is None or (report.out_of_memory is not None and spec.expect is not None
+                                          and spec.expect.outcome is not None)
+        if judged and spec.expect is not None:  # the verdict on a run that finished (or was stopped, or ran out
+            checks, warnings = verdict(report.to_dict(), spec, self.config.baseline_path)  # of memory: its outcome)
             report.expectations = [c.to_dict() for c in checks]
             report.warnings += warnings
         self.publish(report.completed)  # a step trained but stopped in its weight push counts in both files
@@ -391,7 +434,6 @@ class _ReplayRun:
                 report.engines = ray.get(self.manager.engine_report.remote(), timeout=60)
             except Exception as exc:  # noqa: BLE001 - the manager may have died with the error being raised
                 log.warning("no engine report: %s", _brief(exc))
-        report.partial = report.error is not None or report.completed < report.planned
         return self.saver.save_final(report)
 
 
@@ -496,7 +538,7 @@ def _brief(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
-def _shutdown(manager, group, placement) -> None:
+def _shutdown(manager, group, placement, board=None) -> None:
     import ray
 
     if manager is not None:
@@ -507,6 +549,8 @@ def _shutdown(manager, group, placement) -> None:
         ray.kill(manager)
     if group is not None:
         group.shutdown()
+    if board is not None:
+        ray.kill(board)
     if placement is not None:
         from ray.util.placement_group import remove_placement_group
 

@@ -15,12 +15,13 @@ from contextlib import contextmanager
 
 from forge_replay.runtime.gating import ReplayPlan, plan_replay
 from forge_replay.runtime.run_inputs import (
-    EXIT_EXPECTATIONS,
     EXIT_FAILED,
+    EXIT_OK,
     EXIT_UNUSABLE,
     RunInputs,
     Unusable,
     err,
+    exit_status,
     exit_unusable,
     missing_input,
     synthesize_if_absent,
@@ -285,10 +286,12 @@ def _start_local_ray(local) -> None:
     _stop_point()
 
 
-def exit_if_expectations_unmet(inputs: RunInputs, report) -> None:
-    """Exit 3 naming what failed when the run finished but an expectation of spec.expect did not hold."""
-    from forge_replay.verdict.run import unmet
-
-    if unmet(report):
-        err(f"forge-replay run {inputs.file}: {unmet(report)}")
-        sys.exit(EXIT_EXPECTATIONS)
+def exit_by_outcome(inputs: RunInputs, report) -> None:
+    """Exit 4 naming where, when and how much when the run ran out of memory (0 when spec.expect.outcome expects it),
+    3 naming what failed when the run finished but an expectation of spec.expect did not hold; else return."""
+    code, why = exit_status(report)
+    if code == EXIT_OK and report.outcome == "outOfMemory":
+        err(f"forge-replay run {inputs.file}: ran out of memory, as spec.expect.outcome expects: {report.error}")
+    elif code != EXIT_OK:
+        err(f"forge-replay run {inputs.file}: {why}")
+        sys.exit(code)

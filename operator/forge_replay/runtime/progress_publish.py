@@ -66,10 +66,12 @@ class ProgressPublisher:
         self._core.patch_namespaced_config_map(self.configmap, self.namespace, {"data": {PROGRESS_KEY: text}})
 
 
-def record_result(config, phase: str, message: str = "", expectations: list[dict] | None = None) -> None:
+def record_result(config, phase: str, message: str = "", expectations: list[dict] | None = None,
+                  outcome: str | None = None, out_of_memory: dict | None = None) -> None:
     """Publish how the run ended on top of its last progress report, so the operator can read the outcome
     from the progress ConfigMap after KubeRay deleted the RayJob (never fatal, like every publish).
-    ``expectations``: the verdict's checks as report.json holds them (``forge_replay.verdict.checks.Check``)."""
+    ``expectations``: the verdict's checks as report.json holds them (``forge_replay.verdict.checks.Check``);
+    ``outcome``: fits, overBudget, outOfMemory or failed; ``out_of_memory``: report.json's record of it."""
     from forge_replay.verdict.checks import Check
     publisher = ProgressPublisher(config.results_dir, config.progress_configmap, config.job.metadata.namespace)
     last = ProgressReport(total=config.job.spec.replay.num_rollouts)
@@ -79,5 +81,6 @@ def record_result(config, phase: str, message: str = "", expectations: list[dict
         except (OSError, ValueError) as exc:
             log.warning("cannot read the last progress from %s (the result is published alone): %s", publisher.path, exc)
     verdict = None if expectations is None else [Check(**c).to_status() for c in expectations]
-    result = RunResult(phase=phase, message=message[-4000:], finished_at=now_rfc3339(), expectations=verdict)
+    result = RunResult(phase=phase, message=message[-4000:], finished_at=now_rfc3339(), expectations=verdict,
+                       outcome=outcome, out_of_memory=out_of_memory)
     publisher.publish(last.model_copy(update={"result": result, "updated_at": None}))

@@ -111,6 +111,12 @@ class RunReport:
     preflight: dict | None = None
     """What the pre-flight checked before the run: dump files ``verified`` and ``trusted`` (from the verify Job's
     record), ``seconds``, the ``record`` and why it was not used (``note``); None with spec.replay.verify false."""
+    outcome: str | None = None
+    """How the run ended, as a memory test reads it (set when it ends): fits, overBudget, outOfMemory or failed
+    (``forge_replay.verdict.outcome.outcome_of``)."""
+    out_of_memory: dict | None = None
+    """With outcome outOfMemory, the record of which signal, where, when and how much
+    (``forge_replay.api.outcome.OutOfMemory``, snake_case); None otherwise."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -362,10 +368,21 @@ def render_table(report: RunReport):
         )
     if report.engines:
         lines.append(engines_line(report.engines))
+    if report.outcome:
+        lines.append(outcome_line(report))
     lines += [f"warning: {w}" for w in report.warnings]
     if report.files:
         lines.append(f"report: {report.files.get('report')}  plot: {report.files.get('plot')}")
     return Group(table, *(Text(line) for line in lines))
+
+
+def outcome_line(report: RunReport) -> str:
+    """The run's outcome in one line; an out-of-memory says where, when and how much."""
+    if report.out_of_memory:
+        from forge_replay.api.outcome import OutOfMemory
+
+        return f"outcome: outOfMemory: {OutOfMemory.model_validate(report.out_of_memory).line()}"
+    return f"outcome: {report.outcome}"
 
 
 def engines_line(engines: dict) -> str:

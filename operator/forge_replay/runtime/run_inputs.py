@@ -19,10 +19,25 @@ import click
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 EXIT_EXPECTATIONS = 3
-EXIT_OUT_OF_MEMORY = 4  # the run ran out of memory (outcome outOfMemory; 0 when spec.expect.outcome expects it)
 """The run finished (or was stopped over its memory budget) but an expectation of spec.expect failed."""
+EXIT_OUT_OF_MEMORY = 4
+"""The run ran out of memory (outcome outOfMemory); 0 when spec.expect.outcome expects it."""
 
 LOCAL_STATE = ".forge-replay"
+
+
+def exit_status(report) -> tuple[int, str | None]:
+    """How a run that returned its report (``RunReport``) exits, and the line that says why (None for 0):
+    4 out of memory (0 when spec.expect.outcome expects it), 3 an expectation of spec.expect not met, else 0."""
+    from forge_replay.verdict.outcome import outcome_expected
+    from forge_replay.verdict.run import unmet
+
+    if report.outcome == "outOfMemory":
+        if outcome_expected(report.expectations):
+            return EXIT_OK, None
+        return EXIT_OUT_OF_MEMORY, report.error
+    why = unmet(report)
+    return (EXIT_EXPECTATIONS, why) if why else (EXIT_OK, None)
 
 
 class Unusable(Exception):

@@ -4,7 +4,8 @@
   definition of a report usable as a baseline or in a comparison (:func:`.reports.unusable_reason`).
 - :mod:`.identity`: what makes two runs comparable (the job's identity, its environment).
 - :mod:`.compare`: a run's per-rollout metrics against a baseline's.
-- :mod:`.checks`: the checks of spec.expect (:func:`.checks.check_report`).
+- :mod:`.outcome`: a run's outcome (fits, overBudget, outOfMemory, failed) and spec.expect.outcome's check.
+- :mod:`.checks`: the checks of spec.expect (:func:`.checks.check_report`), the outcome's last.
 - :mod:`.baseline`: the baseline ConfigMap (what a comparison needs, sized for client-side apply).
 - :mod:`.run`: the verdict as ``forge-replay run`` and the in-cluster runtime use it.
 

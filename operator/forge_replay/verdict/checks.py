@@ -8,46 +8,24 @@ does not carry) is a failed check saying why, never a silent pass.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from forge_replay.verdict.compare import fmt, fmt_rel, number, rollout_differences
 from forge_replay.verdict.identity import another_job
-from forge_replay.verdict.reports import FINITE_METRICS, non_finite_metrics, unusable_reason
+from forge_replay.verdict.outcome import outcome_check, outcome_of
+from forge_replay.verdict.reports import (  # noqa: F401 - Check and peak_memory_gib are read from here too
+    FINITE_METRICS,
+    Check,
+    non_finite_metrics,
+    peak_memory_gib,
+    unusable_reason,
+)
 
 FINITE_CHECK = "finiteMetrics"
 """The check every run with spec.expect gets: loss and grad norm finite on every rollout."""
 IDENTITY_CHECK = "baseline.identity"
 """Fails when the baseline replayed another mode or model (unless allowed)."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """One expectation: ``observed`` against ``limit`` (for a baseline, the baseline's value).
-
-    A baseline miss names the first ``rollout`` id and the ``metric`` that differ. The field names are the
-    same in report.json and in ``status.expectations``."""
-
-    name: str
-    passed: bool
-    observed: float | None = None
-    limit: float | None = None
-    rollout: int | None = None
-    metric: str | None = None
-    message: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_status(self) -> dict[str, Any]:
-        """For status.expectations and the progress ConfigMap: JSON cannot carry NaN or infinities (the
-        message still says them); None fields are left out."""
-        out = {k: v for k, v in asdict(self).items() if v is not None}
-        for key in ("observed", "limit"):
-            if isinstance(out.get(key), float) and not math.isfinite(out[key]):
-                del out[key]
-        return out
 
 
 @dataclass(frozen=True)
@@ -59,25 +37,11 @@ class Limits:
     max_fallbacks: int | None = None
     min_tokens_per_second: float | None = None
     baseline: Any = None
+    outcome: str | None = None
+    """spec.expect.outcome: fits or outOfMemory."""
 
 
 # ------------------------------------------------------------------------------------------ figures
-
-
-def peak_memory_gib(rollouts: list[dict], summary: dict | None = None) -> float | None:
-    """The figure ``maxPeakMemoryGiB`` limits: the highest peak CUDA *reserved* of any rank on GPU, the peak
-    RSS on CPU, over the given rollout records; without per-rollout memory (a slime / miles run: the memory
-    probe's report), the summary's ``memory_peak``. None when nothing carries memory."""
-    peaks = [_rank_peak(mem) for record in rollouts for mem in record.get("memory") or []]
-    known = [p for p in peaks if p is not None]
-    if known:
-        return max(known)
-    return _rank_peak((summary or {}).get("memory_peak") or {})
-
-
-def _rank_peak(mem: dict) -> float | None:
-    reserved = mem.get("peak_reserved_gib")
-    return reserved if reserved is not None else mem.get("peak_rss_gib")
 
 
 def over_memory_budget(record: dict, limit: float | None) -> str | None:
@@ -101,9 +65,16 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
 
     ``baseline`` is the baseline report (one that is not usable, :func:`unusable_reason`, fails every baseline
     check saying why); ``baseline_problem`` why it could not be read. ``records_losses``: False for a slime /
-    miles run, whose report (the memory probe's) holds no losses to check."""
+    miles run, whose report (the memory probe's) holds no losses to check.
+
+    ``outcome`` (spec.expect.outcome) comes last: the report's ``outcome``, or :func:`outcome_of` it. A run that ran
+    out of memory did not finish: it is judged on its outcome alone (no check at all without spec.expect.outcome)."""
     if expect is None:
         return []
+    expected = getattr(expect, "outcome", None)
+    outcome = report.get("outcome") or outcome_of(report, expect.max_peak_memory_gib)
+    if outcome == "outOfMemory":
+        return [outcome_check(outcome, expected)] if expected else []
     rollouts = report.get("rollouts") or []
     summary = report.get("summary") or {}
     checks = [finite_check(report)] if records_losses else []
@@ -133,6 +104,8 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
             if other:
                 checks.append(Check(IDENTITY_CHECK, False, message=f"the baseline is of another job: {other}"))
             checks += compare_reports(report, baseline, b.metrics, b.rtol, b.atol)
+    if expected:
+        checks.append(outcome_check(outcome, expected))
     return checks
 
 

@@ -8,7 +8,7 @@ anything else that did not finish.
 
 from __future__ import annotations
 
-from forge_replay.verdict.checks import Check, peak_memory_gib
+from forge_replay.verdict.reports import Check, peak_memory_gib
 
 OUTCOME_CHECK = "outcome"
 """The check spec.expect.outcome adds: the run's outcome must be the expected one."""
@@ -32,3 +32,9 @@ def outcome_check(outcome: str, expected: str) -> Check:
     if outcome == expected:
         return Check(OUTCOME_CHECK, True, message=f"the run's outcome is {outcome}, as expected")
     return Check(OUTCOME_CHECK, False, message=f"the run's outcome is {outcome}; spec.expect.outcome is {expected}")
+
+
+def outcome_expected(expectations: list[dict] | None) -> bool:
+    """Whether report.json's ``expectations`` hold a passed ``outcome`` check: the run ended as spec.expect.outcome
+    said it must (an outOfMemory that was expected is then a success, exit 0)."""
+    return any(c.get("name") == OUTCOME_CHECK and c.get("passed") for c in expectations or [])

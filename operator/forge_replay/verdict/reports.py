@@ -1,4 +1,5 @@
-"""report.json as the verdict reads it: parsing, strict JSON, and the one definition of a usable report.
+"""report.json as the verdict reads it: parsing, strict JSON, the one definition of a usable report, the record of
+one check (:class:`Check`) and the memory figure ``maxPeakMemoryGiB`` limits (:func:`peak_memory_gib`).
 
 A report is *usable* (as a baseline, or as either side of ``report compare``) when :func:`unusable_reason` says
 None; ``report baseline``, ``report compare``, ``run --baseline``, the in-cluster runtime and the operator's
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,57 @@ FINITE_METRICS = ("loss", "grad_norm")
 
 class ReportUnreadable(Exception):
     """A report that cannot be used; the message names the file and why."""
+
+
+# ------------------------------------------------------------------------------------------ checks and figures
+# The verdict's record of one check (report.json's ``expectations``) and the memory figure a report carries: here,
+# below :mod:`.checks` and :mod:`.outcome`, which both read them.
+
+
+@dataclass(frozen=True)
+class Check:
+    """One expectation: ``observed`` against ``limit`` (for a baseline, the baseline's value).
+
+    A baseline miss names the first ``rollout`` id and the ``metric`` that differ. The field names are the
+    same in report.json and in ``status.expectations``."""
+
+    name: str
+    passed: bool
+    observed: float | None = None
+    limit: float | None = None
+    rollout: int | None = None
+    metric: str | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_status(self) -> dict[str, Any]:
+        """For status.expectations and the progress ConfigMap: JSON cannot carry NaN or infinities (the
+        message still says them); None fields are left out."""
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        for key in ("observed", "limit"):
+            if isinstance(out.get(key), float) and not math.isfinite(out[key]):
+                del out[key]
+        return out
+
+
+
+def peak_memory_gib(rollouts: list[dict], summary: dict | None = None) -> float | None:
+    """The figure ``maxPeakMemoryGiB`` limits: the highest peak CUDA *reserved* of any rank on GPU, the peak
+    RSS on CPU, over the given rollout records; without per-rollout memory (a slime / miles run: the memory
+    probe's report), the summary's ``memory_peak``. None when nothing carries memory."""
+    peaks = [_rank_peak(mem) for record in rollouts for mem in record.get("memory") or []]
+    known = [p for p in peaks if p is not None]
+    if known:
+        return max(known)
+    return _rank_peak((summary or {}).get("memory_peak") or {})
+
+
+def _rank_peak(mem: dict) -> float | None:
+    reserved = mem.get("peak_reserved_gib")
+    return reserved if reserved is not None else mem.get("peak_rss_gib")
+
 
 
 # ------------------------------------------------------------------------------------------ reading

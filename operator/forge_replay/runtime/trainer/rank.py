@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from forge_replay.runtime.trainer.batching import MicroBatch, segment_bounds
 from forge_replay.runtime.trainer.memory import MemoryProbe, dump_memory_snapshot, start_memory_history
+from forge_replay.runtime.trainer.oom import RankWatch, allocator_error, in_phase
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,14 @@ class TrainerRank:
         self.probe: MemoryProbe | None = None
         self.weight_group = None
         self.deterministic: dict | None = None
+        self.watch = RankWatch(rank)
+        """Its phases: the run's phase board told, torch's allocator running out raised as RanOutOfMemory."""
 
     # -- setup -----------------------------------------------------------------------------
+    def alive(self) -> int:
+        """A call that answers at once (the driver's check of which rank died)."""
+        return self.rank
+
     def master_address(self) -> tuple[str, int]:
         """This node's address and a free port for the rendezvous (called on rank 0)."""
         import ray
@@ -115,9 +122,25 @@ class TrainerRank:
         if self.settings.use_gpu:
             torch.cuda.set_device(0)  # Ray exposes exactly this rank's GPU
             self.device = "cuda:0"
+        self.watch.device = self.device
         dist.init_process_group(self.settings.backend, rank=self.rank, world_size=self.settings.world_size)
         self.probe = MemoryProbe(self.rank, self.device)
 
+    def watch_memory(self, board, results_dir: str | None) -> dict:
+        """From now on tell ``board`` (the run's PhaseBoard) each phase, and on CUDA record (and with memorySnapshot
+        write the snapshot of) an out-of-memory the moment it happens. Returns what the driver needs to read this
+        rank's death: its pid, host, Ray node and memory cgroup with its OOM-kill count now (the baseline)."""
+        import ray
+
+        from forge_replay.runtime.memory_cgroup import this_process_cgroup
+        from forge_replay.runtime.trainer.oom import host_and_pod
+
+        self.watch.arm(board, results_dir, self.settings.memory_snapshot)
+        node, pod = host_and_pod()
+        return {"rank": self.rank, "pid": os.getpid(), "node": node, "pod": pod, "device": self.device,
+                "node_id": ray.get_runtime_context().get_node_id(), "cgroup": this_process_cgroup()}
+
+    @in_phase("setup")
     def setup(self, source: str | dict) -> dict:
         """Build the model, shard it with FSDP2, create AdamW.
 
@@ -163,12 +186,13 @@ class TrainerRank:
                 "deterministic": self.deterministic, "threads": thread_settings()}
 
     # -- training ----------------------------------------------------------------------------
-    def train_step(self, step: int, micro_batches: list[MicroBatch], loss_tokens_total: float) -> RankStepResult:
-        """One optimizer step over this rank's micro-batches.
+    def train_step(self, step: int, micro_batches: list[MicroBatch], loss_tokens_total: float,
+                   rollout_id: int | None = None) -> RankStepResult:
+        """One optimizer step over this rank's micro-batches (of rollout ``rollout_id``; ``step`` when not given).
 
         Each micro-batch's loss is scaled by ``world_size / loss_tokens_total``: FSDP averages
         gradients over ranks, so the result is the token-mean over the whole step, the same for
-        any number of ranks.
+        any number of ranks. Forward, backward and the optimizer step are phases of :attr:`watch`.
         """
         import torch
 
@@ -176,6 +200,8 @@ class TrainerRank:
 
         assert self.model is not None and self.probe is not None, "setup() must run before train_step()"
         started = time.perf_counter()
+        self.watch.rollout = step if rollout_id is None else rollout_id
+        phase = self.watch.phase
         self.probe.reset()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -183,34 +209,37 @@ class TrainerRank:
         loss_sum = loss_tokens = clipped = 0.0
         tokens = 0
         for mb in micro_batches:
-            as_tensor = lambda a: torch.tensor(a, device=self.device)  # noqa: E731 (copy: Ray hands read-only arrays)
-            input_ids = as_tensor(mb.input_ids).unsqueeze(0)
-            bounds = segment_bounds(mb.position_ids)
-            cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)  # read on the host: no device sync per layer
-            logits = self.model(
-                input_ids=input_ids, position_ids=as_tensor(mb.position_ids).unsqueeze(0), use_cache=False,
-                cu_seq_lens_q=cu_seq_lens,
-            ).logits[0, :-1]
-            logp = token_log_probs(logits, input_ids[0, 1:])
-            parts = micro_batch_loss(
-                logp,
-                as_tensor(mb.old_logp)[1:],
-                as_tensor(mb.has_old_logp)[1:],
-                as_tensor(mb.advantages)[1:],
-                as_tensor(mb.loss_mask)[1:],
-                self.settings.clip_eps,
-                self.settings.clip_eps_high,
-            )
-            (parts.loss_sum * scale).backward()
+            with phase("forward"):
+                as_tensor = lambda a: torch.tensor(a, device=self.device)  # noqa: E731 (copy: Ray hands read-only)
+                input_ids = as_tensor(mb.input_ids).unsqueeze(0)
+                bounds = segment_bounds(mb.position_ids)
+                cu_seq_lens = torch.tensor(bounds, dtype=torch.int32)  # read on the host: no device sync per layer
+                logits = self.model(
+                    input_ids=input_ids, position_ids=as_tensor(mb.position_ids).unsqueeze(0), use_cache=False,
+                    cu_seq_lens_q=cu_seq_lens,
+                ).logits[0, :-1]
+                logp = token_log_probs(logits, input_ids[0, 1:])
+                parts = micro_batch_loss(
+                    logp,
+                    as_tensor(mb.old_logp)[1:],
+                    as_tensor(mb.has_old_logp)[1:],
+                    as_tensor(mb.advantages)[1:],
+                    as_tensor(mb.loss_mask)[1:],
+                    self.settings.clip_eps,
+                    self.settings.clip_eps_high,
+                )
+            with phase("backward"):
+                (parts.loss_sum * scale).backward()
             loss_sum += float(parts.loss_sum.detach())
             loss_tokens += parts.loss_tokens
             clipped += parts.clipped_tokens
             tokens += mb.num_tokens
             del logits, logp, parts
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=math.inf)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
+        with phase("optimizerStep"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=math.inf)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            self.optimizer.step()
         memory = self.probe.read()
         return RankStepResult(
             rank=self.rank,
@@ -225,6 +254,7 @@ class TrainerRank:
         )
 
     # -- hooks for weight sync, snapshots, tests --------------------------------------------------
+    @in_phase("weightSync")
     def save_hf_checkpoint(self, path: str) -> str | None:
         """Gather the full weights and write a Hugging Face checkpoint to ``path`` (rank 0 writes).
 
@@ -242,6 +272,7 @@ class TrainerRank:
         self.model.save_pretrained(path, state_dict=state)
         return path
 
+    @in_phase("weightSync")
     def checkpoint_files(self, path: str) -> dict[str, bytes] | None:
         """Like :meth:`save_hf_checkpoint`, but rank 0 returns the files' bytes (for Ray's object store)
         and removes its local copy."""
@@ -301,6 +332,7 @@ class TrainerRank:
             except Exception:  # noqa: BLE001 - a group with a dead member may not tear down cleanly
                 pass
 
+    @in_phase("weightSync")
     def broadcast_weights(self, buckets: list) -> int:
         """Every rank gathers each full parameter in bucket order (collective); rank 0 broadcasts it, cast to
         the dtype the engines expect, in the weight group. Returns the number of tensors broadcast.
@@ -328,6 +360,8 @@ class TrainerRank:
                         dist.broadcast(tensor.contiguous(), src=0, group=self.weight_group)
                         sent += 1
                     except Exception as exc:  # noqa: BLE001 - raised below, once every rank's gathers are done
+                        if allocator_error(exc):  # out of memory: the run ends here (the driver stops every rank)
+                            raise
                         first_line = (str(exc).strip().splitlines() or [""])[0]
                         failure = (f"trainer rank 0: broadcasting {meta.name} (bucket {number}/{len(buckets)}) "
                                    f"failed: {type(exc).__name__}: {first_line}")
@@ -350,6 +384,7 @@ class TrainerRank:
                                   "weight sync needs one GPU per trainer rank, shared with a colocated engine")
         return RankGPU(self.rank, ray.util.get_node_ip_address(), gpus[0])
 
+    @in_phase("weightSync")
     def update_weights_from_tensor(self, buckets: list, feeds: list, version: str, timeout_s: float = 600.0) -> dict:
         """Every rank, bucket by bucket: gather the full tensors (collective), cast to the dtype sent, serialize
         them (CUDA IPC handles); each engine's trainer ranks gather their strings to the engine's first one,
@@ -457,6 +492,7 @@ class TrainerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.settings = settings
+        self.watched: list[dict] = []
         remote_rank = ray.remote(TrainerRank)
         self.ranks = []
         for rank in range(settings.world_size):
@@ -478,9 +514,19 @@ class TrainerGroup:
 
         return ray.get([r.setup.remote(source) for r in self.ranks])
 
-    def train_step_async(self, step: int, rank_batches: list, loss_tokens_total: float) -> list:
+    def watch_memory(self, board, results_dir: str | None) -> list[dict]:
+        """Every rank tells ``board`` its phases and records an out-of-memory (:meth:`TrainerRank.watch_memory`);
+        returns each rank's pid, host, Ray node and memory cgroup baseline, in rank order."""
+        import ray
+
+        self.watched = ray.get([r.watch_memory.remote(board, results_dir) for r in self.ranks])
+        return self.watched
+
+    def train_step_async(self, step: int, rank_batches: list, loss_tokens_total: float,
+                         rollout_id: int | None = None) -> list:
         """Start one step on every rank; ``rank_batches[r]`` is rank r's micro-batches (or a ref to them)."""
-        return [r.train_step.remote(step, rank_batches[i], loss_tokens_total) for i, r in enumerate(self.ranks)]
+        return [r.train_step.remote(step, rank_batches[i], loss_tokens_total, rollout_id)
+                for i, r in enumerate(self.ranks)]
 
     def save_hf_checkpoint(self, path: str) -> str:
         import ray

@@ -1,0 +1,153 @@
+"""Out-of-memory is the memory test's answer (issue 31): `forge-replay run` as a user runs it, inside a memory cgroup
+whose limit the trainer exceeds (a container's memory limit, here made by the test).
+
+The run's first rollout fits; the second packs 64k tokens into one micro-batch, whose logits alone (64k x 16384
+vocabulary x float32 = 4 GiB) are more than the cgroup allows: the kernel's OOM killer kills the trainer rank in that
+step. The run must say so (outcome outOfMemory, the signal, rank, rollout and phase), exit 4, keep the step it
+finished, unlock its results folder and leave no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+LIMIT = 3 * 2**30
+"""The cgroup's limit: the run (this CLI, a local Ray, the rollout manager, one CPU rank) needs about 1.8 GiB up to
+rollout 0's step; rollout 1's step asks 4 GiB more at once."""
+VOCAB = 16384
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16, "intermediate_size": 32,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": VOCAB,
+        "max_position_embeddings": 1024}
+
+
+def _available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+@contextmanager
+def memory_cgroup(limit_bytes: int):
+    """A v1 memory cgroup of its own, made under this process's memory cgroup (from /proc/self/cgroup), limited to
+    ``limit_bytes``; removed afterwards however the test ends (anything still in it moved back to the parent first).
+    Skips where one cannot be made (no v1 memory hierarchy, not allowed)."""
+    from forge_replay.runtime.memory_cgroup import memory_cgroup as cgroup_of
+
+    mine = cgroup_of()
+    if mine is None or mine.version != 1:
+        pytest.skip("needs a cgroup v1 memory hierarchy to make a limited cgroup in (this one: "
+                    f"{'none' if mine is None else 'v2'})")
+    if _available_bytes() < 2 * limit_bytes:
+        pytest.skip(f"needs {2 * limit_bytes / 2**30:.0f} GiB of available memory to back a "
+                    f"{limit_bytes / 2**30:.0f} GiB cgroup")
+    parent = Path(mine.directory)
+    child = parent / f"forge-replay-oom-test-{os.getpid()}"
+    try:
+        child.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a memory cgroup under {parent}: {exc}")
+    try:
+        (child / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        yield child
+    finally:
+        deadline = time.monotonic() + 30
+        while True:
+            for pid in (child / "cgroup.procs").read_text().split():
+                try:
+                    (parent / "cgroup.procs").write_text(pid)
+                except OSError:  # gone meanwhile
+                    pass
+            try:
+                child.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def oom_kills(cgroup: Path) -> int:
+    return int(dict(line.split() for line in (cgroup / "memory.oom_control").read_text().splitlines())["oom_kill"])
+
+
+def job_and_dumps(tmp_path: Path) -> Path:
+    """Rollout 0: 4 samples of 64 tokens. Rollout 1: 128 samples of 512 tokens, one micro-batch of 64k tokens."""
+    from forge_replay.dumps import save
+    from forge_replay.dumps.synth import synth_samples
+
+    dumps = tmp_path / "dumps" / "run"
+    dumps.mkdir(parents=True)
+    save(dumps / "rollout_0.pt", 0, synth_samples(0, 1, 4, 16, 48, vocab_size=VOCAB))
+    save(dumps / "rollout_1.pt", 1, synth_samples(1, 32, 4, 64, 448, vocab_size=VOCAB))
+    job = tmp_path / "oom.yaml"
+    job.write_text(yaml.safe_dump({
+        "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "oom-cpu"},
+        "spec": {"replay": {"mode": "debug", "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt"},
+                            "numRollouts": 2},
+                 "model": {"config": TINY},
+                 "trainer": {"nodes": 1, "gpusPerNode": 0, "microBatchTokens": 65536, "dtype": "float32",
+                             "gradientCheckpointing": False, "nSamplesPerPrompt": 4}}}))
+    return job
+
+
+def test_a_trainer_over_its_memory_cgroup_limit_ends_out_of_memory_exit_4_and_holds_nothing(tmp_path,
+                                                                                          record_property):
+    job = job_and_dumps(tmp_path)
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--no-progress",
+            "--dumps-root", str(tmp_path / "dumps"), "--results", str(results)]
+    # Ray starts idle workers ahead (one per CPU on some versions and machines): not here, so that what the run
+    # needs before rollout 1 does not grow with the machine's CPUs.
+    env = {**os.environ, "RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+    with memory_cgroup(LIMIT) as cgroup:
+        procs = cgroup / "cgroup.procs"
+        run = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True,
+                               preexec_fn=lambda: procs.write_text(str(os.getpid())))  # only the run goes in
+        try:
+            stdout, stderr = run.communicate(timeout=300)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, 9)
+                run.wait()
+        deadline = time.monotonic() + 15
+        while procs.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = procs.read_text().split()  # the local Ray and every worker of the run: gone
+        kills = oom_kills(cgroup)
+    assert run.returncode == 4, stderr[-4000:]
+    assert not left, f"processes of the run left in its cgroup: {left}"
+    assert kills >= 1  # the kernel's own count: it did kill in there
+
+    report = json.loads((results / "report.json").read_text())
+    oom = report["out_of_memory"]
+    record_property("oom_signal", oom["signal"])  # which one fired: the kernel's here (Ray's monitor reads the host)
+    assert report["outcome"] == "outOfMemory"
+    assert oom["signal"] in ("kernelOomKiller", "rayMemoryMonitor")
+    assert oom["where"]["component"] == "trainer" and oom["where"]["rank"] == 0 and oom["where"]["pid"] > 0
+    assert oom["when"]["rollout"] == 1 and oom["when"]["phase"] in ("forward", "backward")
+    if oom["signal"] == "kernelOomKiller":
+        assert oom["how_much"]["limit_bytes"] == LIMIT and oom["how_much"]["max_usage_bytes"] >= LIMIT * 0.9
+    assert set(oom["how_much"]["last_step_peak_gib"]) == {"0"}  # rollout 0's peak, per rank
+
+    # a complete partial report: the step before the out-of-memory, and nothing of the one it killed
+    assert report["partial"] is True and report["error"].startswith(f"out of memory ({oom['signal']}): rank 0")
+    assert report["completed"] == 1 == len(report["rollouts"]) == report["summary"]["rollouts"]
+    assert report["rollouts"][0]["rollout_id"] == 0 and report["planned"] == 2
+    assert json.loads((results / "progress.json").read_text())["completed"] == 1
+    assert not (results / ".forge-replay.lock").exists()  # the results folder is unlocked
+    line = f"out of memory ({oom['signal']}): rank 0 on {oom['where']['node']}, rollout 1 {oom['when']['phase']}"
+    assert f"forge-replay run {job}: {line}" in stderr
+    assert f"outcome: outOfMemory: {line}" in " ".join((stdout + stderr).split())  # the table's last lines
