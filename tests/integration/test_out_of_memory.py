@@ -43,7 +43,7 @@ def memory_cgroup(limit_bytes: int):
     """A v1 memory cgroup of its own, made under this process's memory cgroup (from /proc/self/cgroup), limited to
     ``limit_bytes``; removed afterwards however the test ends (anything still in it moved back to the parent first).
     Skips where one cannot be made (no v1 memory hierarchy, not allowed)."""
-    from forge_replay.runtime.memory_cgroup import memory_cgroup as cgroup_of
+    from forge_replay.runtime.memory_signals import memory_cgroup as cgroup_of
 
     mine = cgroup_of()
     if mine is None or mine.version != 1:

@@ -317,7 +317,7 @@ def test_a_rank_killed_without_an_oom_kill_in_its_cgroup_is_no_out_of_memory():
     count tells them apart: unchanged here, so the run stays failed (issue 31)."""
     import signal
 
-    from forge_replay.runtime.memory_cgroup import this_process_cgroup
+    from forge_replay.runtime.memory_signals import this_process_cgroup
     from forge_replay.runtime.rank_deaths import death_record, dead_ranks
 
     @ray.remote(num_cpus=0, max_restarts=0)

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from forge_replay.api.outcome import RanOutOfMemory  # noqa: E402
-from forge_replay.runtime.memory_cgroup import MemoryCgroup, memory_cgroup, this_process_cgroup  # noqa: E402
+from forge_replay.runtime.memory_signals import MemoryCgroup, memory_cgroup, this_process_cgroup  # noqa: E402
 from forge_replay.runtime.trainer.oom import RankWatch, allocator_error  # noqa: E402
 
 

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 from pathlib import Path
 from typing import Any
 
 from forge_replay.backends.probe import cgroup_figures
+from forge_replay.runtime.memory_signals import ray_monitor_figures
 
 RAY_OOM_ERROR = "ray.exceptions.OutOfMemoryError: "
 """The last line of a traceback of Ray's memory monitor's error, up to its message."""
@@ -97,13 +97,8 @@ def ray_monitor_record(log: str) -> dict[str, Any] | None:
         return None
     text = log[start + len(RAY_OOM_ERROR):]
     message = text.split("\n\n", 1)[0].strip()
-    where: dict[str, Any] = {"component": "trainer"}
-    node = re.search(r"Memory on the node \(IP: ([^,\s]+)", text)
-    if node:
-        where["node"] = node.group(1)
-    victim = re.search(r"Selected to kill: .*?\bpid=(\d+)", text)
-    if victim:
-        where["pid"] = int(victim.group(1))
+    said = ray_monitor_figures(text)
+    where: dict[str, Any] = {"component": "trainer", **{key: said[key] for key in ("node", "pid") if key in said}}
     return {"signal": "rayMemoryMonitor", "where": where, "when": {}, "how_much": {}, "message": message[:2000]}
 
 

@@ -6,7 +6,8 @@ peaks of a process that has imported torch (trainer ranks; idle workers and engi
 skipped): torch's CUDA allocator peaks when CUDA is initialized (``source: cuda``), else the process's peak RSS
 (``source: rss``). Each process writes ``probe-<host>-<pid>.json`` under ``FORGE_REPLAY_PROBE_DIR``;
 :func:`memory_peak` reads them back as the builtin trainer's ``memory_peak`` summary (report.json's schema), each
-figure naming its source and process. Imports nothing but the standard library (torch only if already loaded).
+figure naming its source and process. Imports nothing but the standard library (torch only if already loaded) and
+runtime.memory_signals (standard library only too).
 
 One worker per node (whichever holds ``gpus-<host>.lock``; another takes over when it exits) also samples every
 GPU's used memory at device level (NVML through pynvml when the image has it, else ``nvidia-smi``): sglang's KV
@@ -41,6 +42,8 @@ import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from forge_replay.runtime.memory_signals import CGROUP_ROOT, MemoryCgroup, cgroup_named
 
 PROBE_DIR_ENV = "FORGE_REPLAY_PROBE_DIR"
 INTERVAL_ENV = "FORGE_REPLAY_PROBE_INTERVAL_S"
@@ -152,58 +155,19 @@ class _GpuSampler:
 
 # ------------------------------------------------------------------------- out-of-memory signals (issue 31)
 
-CGROUP_ROOT = "/sys/fs/cgroup"
-UNLIMITED = 2**62
-"""A cgroup v1 memory limit at or above this is no limit (the kernel's PAGE_COUNTER_MAX, page-rounded)."""
-
-
 def memory_cgroup(proc_cgroup: str, root: str = CGROUP_ROOT) -> tuple[str, int] | None:
-    """(folder, cgroup version) of the memory cgroup a ``/proc/<pid>/cgroup`` text names, or None. In a container
-    the path it names is the host's, and the container's own cgroup is mounted at the root: that one is used when
-    the named path is not there (runc bind-mounts it so)."""
-    v1 = v2 = None
-    for line in proc_cgroup.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if "memory" in parts[1].split(","):
-            v1 = parts[2]
-        elif parts[0] == "0" and parts[1] == "":
-            v2 = parts[2]
-    candidates = []
-    if v1 is not None:
-        candidates += [(os.path.join(root, "memory", v1.lstrip("/")), 1), (os.path.join(root, "memory"), 1)]
-    if v2 is not None:
-        candidates += [(os.path.join(root, v2.lstrip("/")), 2), (root, 2)]
-    for folder, version in candidates:
-        if os.path.isfile(os.path.join(folder, "memory.oom_control" if version == 1 else "memory.events")):
-            return folder, version
-    return None
-
-
-def _number(path: str) -> int | None:
-    try:
-        text = Path(path).read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    """(folder, cgroup version) of the memory cgroup a ``/proc/<pid>/cgroup`` text names, or None
+    (runtime.memory_signals.cgroup_named)."""
+    found = cgroup_named(proc_cgroup, root)
+    return None if found is None else (found.directory, found.version)
 
 
 def cgroup_figures(folder: str, version: int) -> dict[str, Any]:
-    """The memory cgroup's OOM kill count, limit and peak usage (None where the kernel does not say)."""
-    events = "memory.oom_control" if version == 1 else "memory.events"
-    kills = None
-    try:
-        for line in Path(folder, events).read_text(encoding="utf-8").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                kills = int(value)
-    except (OSError, ValueError):
-        pass
-    limit = _number(os.path.join(folder, "memory.limit_in_bytes" if version == 1 else "memory.max"))
-    peak = _number(os.path.join(folder, "memory.max_usage_in_bytes" if version == 1 else "memory.peak"))
-    return {"oom_kill": kills, "limit_bytes": limit if limit is not None and limit < UNLIMITED else None,
-            "max_usage_bytes": peak}
+    """The memory cgroup's OOM kill count, limit and peak usage (None where the kernel does not say), as the
+    probe's files carry them (``oom_kill``)."""
+    figures = MemoryCgroup(version, folder).read()
+    return {"oom_kill": figures.oom_kills, "limit_bytes": figures.limit_bytes,
+            "max_usage_bytes": figures.max_usage_bytes}
 
 
 def record_cgroup(folder: str, proc_cgroup: str | None = None) -> dict[str, Any] | None:

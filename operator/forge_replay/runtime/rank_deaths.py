@@ -8,7 +8,7 @@ A killed rank cannot say so itself. Ray 2.60 tells its caller one of two things 
   exceeded threshold of NB (P% of NB limit)" line, read for what it says).
 - ``ray.exceptions.ActorDiedError`` (exceptions.py:456-528): the worker process died. A kernel OOM kill looks exactly
   like any other SIGKILL here (``WORKER_DIED``, exit type SYSTEM_ERROR). It is the kernel's (``kernelOomKiller``)
-  only when the ``oom_kill`` count of the rank's memory cgroup (runtime/memory_cgroup.py) rose since the baseline
+  only when the ``oom_kill`` count of the rank's memory cgroup (runtime/memory_signals.py) rose since the baseline
   the rank recorded at its start; the count is read on the rank's node (a small Ray task there, or directly when
   that node is this one).
 
@@ -19,9 +19,9 @@ and phase come from the run's PhaseBoard, which the ranks told before each phase
 from __future__ import annotations
 
 import logging
-import re
 
 from forge_replay.api.outcome import OutOfMemory, OutOfMemoryHowMuch, OutOfMemoryWhen, OutOfMemoryWhere
+from forge_replay.runtime.memory_signals import ray_monitor_figures
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +29,6 @@ PING_WAIT_S = 5.0
 """How long the ranks get to answer after one died: a live rank busy in a collective with the dead one does not
 answer, a dead one fails at once."""
 READ_WAIT_S = 30.0
-
-_MONITOR_REASON = re.compile(r"Memory usage (\d+)B exceeded threshold of (\d+)B")
-"""Ray 2.60's raylet memory monitor, its "OOM kill reason:" line (the message of ray.exceptions.OutOfMemoryError)."""
 
 
 def dead_ranks(ranks: list, wait_s: float = PING_WAIT_S) -> dict[int, BaseException]:
@@ -52,8 +49,10 @@ def dead_ranks(ranks: list, wait_s: float = PING_WAIT_S) -> dict[int, BaseExcept
 def monitor_figures(message: str) -> dict:
     """``max_usage_bytes`` (the node's usage) and ``limit_bytes`` (the threshold it went over) from Ray's memory
     monitor's message, when it says them."""
-    found = _MONITOR_REASON.search(message or "")
-    return {"max_usage_bytes": int(found.group(1)), "limit_bytes": int(found.group(2))} if found else {}
+    said = ray_monitor_figures(message)
+    if "threshold_bytes" not in said:
+        return {}
+    return {"max_usage_bytes": said["usage_bytes"], "limit_bytes": said["threshold_bytes"]}
 
 
 def oom_kill_rose(before: dict | None, after: dict | None) -> bool:
@@ -68,7 +67,7 @@ def read_cgroup_of(watched: dict, wait_s: float = READ_WAIT_S) -> dict | None:
     nothing to read (no cgroup recorded, the node gone)."""
     import ray
 
-    from forge_replay.runtime.memory_cgroup import read_cgroup
+    from forge_replay.runtime.memory_signals import read_cgroup
 
     cgroup = watched.get("cgroup")
     if not cgroup:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from forge_replay.api.outcome import OutOfMemory, OutOfMemoryHowMuch, OutOfMemoryWhen, OutOfMemoryWhere
+from forge_replay.runtime.memory_signals import ray_monitor_figures
 
 SGLANG_VERSION = "0.5.23"
 """The sglang version whose sentences these are (the pinned one)."""
@@ -212,22 +213,17 @@ def engine_record(refusal: Refusal, at: EngineAt) -> OutOfMemory:
 
 def ray_monitor_record(message: str, at: EngineAt) -> OutOfMemory:
     """The record of Ray's memory monitor killing an engine's actor (``ray.exceptions.OutOfMemoryError``, whose only
-    attribute is its message; Ray 2.60: "1 worker(s) were killed due to the node running low on memory. Memory on
-    the node (IP: ..., ID: ...) was 4.73GB used / 23.54GB limit ...\nOOM kill reason: Memory usage 5079146496B
-    exceeded threshold of 5055212032B (20.0% of 25276059648B limit)\n... Selected to kill: (Actor(...): ...
-    pid=10883, actual memory used=1.55GB, ...)"): the node, its limit and the killed worker's pid (the engine's
-    actor; its engine process died with it, PDEATHSIG)."""
-    limit = re.search(r"\(\s*[\d.]+% of (\d+)B limit\)", message)
-    pid = re.search(r"\bpid=(\d+)", message)
-    node = re.search(r"Memory on the node \(IP:? ([^,\s)]+)", message)
+    attribute is its message, read by :func:`~forge_replay.runtime.memory_signals.ray_monitor_figures`): the node, its
+    limit and the killed worker's pid (the engine's actor; its engine process died with it, PDEATHSIG)."""
+    figures = ray_monitor_figures(message)
     lines = message.strip().splitlines()
     said = [line for number, line in enumerate(lines) if number < 2 or line.startswith("Selected to kill")]
     return OutOfMemory(
         signal="rayMemoryMonitor",
-        where=OutOfMemoryWhere(component="engine", engine=at.engine, node=node.group(1) if node else at.node,
-                               pid=int(pid.group(1)) if pid else at.pid),
+        where=OutOfMemoryWhere(component="engine", engine=at.engine, node=figures.get("node", at.node),
+                               pid=figures.get("pid", at.pid)),
         when=OutOfMemoryWhen(rollout=at.rollout, phase=at.phase, at=_now()),
-        how_much=OutOfMemoryHowMuch(limit_bytes=int(limit.group(1)) if limit else None),
+        how_much=OutOfMemoryHowMuch(limit_bytes=figures.get("limit_bytes")),
         message=_shorten(f"Ray's memory monitor killed engine {at.engine}'s actor (its engine process died with "
                          f"it): " + " ".join(said)),
     )

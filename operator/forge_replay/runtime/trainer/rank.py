@@ -132,7 +132,7 @@ class TrainerRank:
         rank's death: its pid, host, Ray node and memory cgroup with its OOM-kill count now (the baseline)."""
         import ray
 
-        from forge_replay.runtime.memory_cgroup import this_process_cgroup
+        from forge_replay.runtime.memory_signals import this_process_cgroup
         from forge_replay.runtime.trainer.oom import host_and_pod
 
         self.watch.arm(board, results_dir, self.settings.memory_snapshot)
