@@ -84,11 +84,12 @@ def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeCo
 
 
 def _verify_record(job: ForgeReplayJob) -> str | None:
-    """Where the verify Job records what it checked: the run's folder of the results claim, which the runtime mounts
-    too; None without the verify Job or a results claim (the runtime verifies all). The runtime's pre-flight trusts it;
-    a slime / miles job's publish step, in the same folder, copies its notes (what the framework would drop without a
-    word) into report.json's preflight."""
-    if not (job.spec.replay.verify and job.spec.results.claim_name):
+    """Where the verify Job records what it checked, for the runtime's pre-flight to trust: the run's folder of the
+    results claim, which both mount; None without the verify Job or a results claim (the runtime verifies all), and
+    for slime / miles: the verify Job (uid 10001) would make the run's folder before the team's image, whose root
+    user (no CAP_DAC_OVERRIDE in our pods) then cannot write its probe and report there (found by e2e scenario 7).
+    Their verify Job's notes stay in its log; `forge-replay run --trainer-root` records them locally."""
+    if not (job.spec.replay.verify and job.spec.results.claim_name) or _byo(job):
         return None
     return f"{_results_dir(job)}/{RECORD_FILE}"
 
