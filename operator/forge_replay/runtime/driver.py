@@ -228,6 +228,7 @@ class _ReplayRun:
         self.saver = ReportSaver(config.results_dir)
         self.saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
         self.group = self.manager = self.placement = self.syncer = self.board = None
+        self.training: int | None = None
         self.multimodal_said = False  # the builtin trainer says once that it trains VLM samples' text only
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -255,6 +256,7 @@ class _ReplayRun:
         """Place the trainer, start the rollout manager (and its engines) and the trainer group, set up the weight
         sync; progress 0, then the eval before the first step when there is one."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from forge_replay.runtime.environment import environment
         from forge_replay.runtime.placement import PlacementError, place_trainer
@@ -280,7 +282,10 @@ class _ReplayRun:
                                                  if plan.start_engines else ""))
         self.next_batch = manager.get_rollout.remote(self.rollout_ids[0])  # loads while the trainer starts
         self.group = TrainerGroup(settings, self.placement)
-        self.board = ray.remote(PhaseBoard).options(num_cpus=0).remote()  # each rank's last phase, for a death
+        # Each rank's last phase, read after a death: on the driver's node, so that whatever kills a rank for memory
+        # on its node (Ray's memory monitor killed the board beside the rank in e2e scenario 8) leaves it alive.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.board = ray.remote(PhaseBoard).options(num_cpus=0, scheduling_strategy=here).remote()
         self.group.watch_memory(self.board, config.results_dir)
         rank0 = self.group.setup(self.prepared.model_source)[0]
         report.num_params = rank0["num_params"]
@@ -354,6 +359,7 @@ class _ReplayRun:
         if step == 0:
             self.starting("step 1: training")
         began = time.perf_counter()
+        self.training = rollout_id  # what a rank's death names when its phase board cannot
         results = ray.get(self.group.train_step_async(step, batch.rank_batches, batch.loss_tokens, rollout_id))
         record = combine_rank_results(step, batch, [r.to_dict() for r in results], data_wait,
                                       time.perf_counter() - began)
@@ -397,6 +403,8 @@ class _ReplayRun:
                                                   for m in self.report.rollouts[-1].memory}
         if record.when.at is None:
             record.when.at = now_rfc3339()
+        if record.when.rollout is None and record.where.component == "trainer":
+            record.when.rollout = self.training
         self.report.out_of_memory = record.model_dump(mode="json")
         self.report.error = record.line()
         return True
