@@ -85,7 +85,9 @@ ACCEPTED = [
     ("slime-env-and-image", {"env": {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/opt/team"},
                              "image": "registry.example.com:5000/ml/slime@sha256:" + "ab" * 32}, "forge", {}),
     ("miles-no-fallback", {"backend": "miles"}, "forge", {"replay__dumps__fallbackToFirst": False}),
-    ("miles-ft-train", {"backend": "miles"}, "debug", {"faultTolerance": {"enabled": True, "components": ["train"]}}),
+    # Its 8 cells need a global batch size to step at all (issue 34: validate refuses Megatron's default of 1 here).
+    ("miles-ft-train", {"backend": "miles", "args": ["--global-batch-size", "32"]}, "debug",
+     {"faultTolerance": {"enabled": True, "components": ["train"]}}),
     ("slime-cpu", {"gpusPerNode": 0, "args": ["--micro-batch-size", "2"], "env": {"A": "1"}}, "debug", {}),
     ("slime-args-miles-refuses", {"args": ["--fully-async", "--num-rollouts-per-epoch=2", "--colocated"]}, "forge", {}),
     ("slime-expect-memory", {}, "forge", {"expect": {"maxPeakMemoryGiB": 130}}),
