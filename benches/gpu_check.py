@@ -254,6 +254,9 @@ def oom_figures(record: dict | None, device_total: int, logits_bytes: int, snaps
         Figure("oom", "allocated / reserved at the moment", f"{(much.get('allocated_bytes') or 0) / 2**30:.2f} / "
                f"{(much.get('reserved_bytes') or 0) / 2**30:.2f}", "GiB", "memory_stats in the observer",
                much.get("allocated_bytes") is not None and much.get("reserved_bytes") is not None),
+        Figure("oom", "held by others at the moment", float(much.get("held_by_others_bytes") or 0) / 2**30, "GiB",
+               "device used less this process's reserved: its CUDA context, other processes",
+               much.get("held_by_others_bytes") is not None),
         Figure("oom", "snapshot", record.get("snapshot") or "none", "", "written at the moment, with its oom event",
                written and snapshot_has_oom(snapshot)),
     ]

@@ -44,6 +44,9 @@ def parser_for(backend: str) -> argparse.ArgumentParser:
     parser.add_argument("--stand-in-train-mib", type=int, default=0,
                         help="train each rollout in a Ray task that holds a torch tensor of this many MiB, as slime's "
                         "actors train in Ray workers (where forge-replay's memory probe runs)")
+    parser.add_argument("--stand-in-bytes-per-token", type=int, default=0,
+                        help="... or one sized by the replayed data: this many bytes per token of the rollout's "
+                        "samples, as a trainer's activations grow with the tokens it trains")
     table = flag_table(backend)
     eval_data = upstream_rule(backend, "eval-needs-datasets")["flags"]
     checkpoint = upstream_rule(backend, "start-needs-checkpoint")
@@ -95,7 +98,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def summary(output) -> dict:
     if hasattr(output, "samples"):
         samples = output.samples
-        return {"samples": len(samples), "rollout_ids": sorted({s.rollout_id for s in samples}),
+        return {"samples": len(samples), "tokens": sum(len(s.tokens) for s in samples), "rollout_ids": sorted({s.rollout_id for s in samples}),
                 "made_for": sorted({(s.metadata or {}).get("rollout_id") for s in samples}, key=str),
                 "metrics": output.metrics or {}}
     return {"eval": sorted(output.data), "metrics": output.metrics or {}}
@@ -144,8 +147,9 @@ def main(argv: list[str]) -> int:
         if eval_fn and args.eval_interval and rollout_id == before_train and not args.skip_eval_before_train:
             evaluate(rollout_id)
         got = {"rollout_id": rollout_id, **summary(train_fn(args, rollout_id, None))}
-        if args.stand_in_train_mib:
-            got["trained_mib"] = train_in_worker(args.stand_in_train_mib, rollout_id)
+        size_mib = args.stand_in_train_mib or -(-got["tokens"] * args.stand_in_bytes_per_token // 2**20)
+        if size_mib:
+            got["trained_mib"] = train_in_worker(size_mib, rollout_id)
         report["train"].append(got)
         print("stand-in train " + json.dumps(got, sort_keys=True), flush=True)
         if eval_fn and args.eval_interval and (rollout_id + 1) % args.eval_interval == 0:

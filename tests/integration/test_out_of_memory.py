@@ -151,3 +151,65 @@ def test_a_trainer_over_its_memory_cgroup_limit_ends_out_of_memory_exit_4_and_ho
     line = f"out of memory ({oom['signal']}): rank 0 on {oom['where']['node']}, rollout 1 {oom['when']['phase']}"
     assert f"forge-replay run {job}: {line}" in stderr
     assert f"outcome: outOfMemory: {line}" in " ".join((stdout + stderr).split())  # the table's last lines
+
+
+def test_a_slime_job_over_its_memory_cgroup_limit_is_reported_the_same_way(tmp_path):
+    """`forge-replay run --trainer-root` of the team-image stand-in (tests/byo/train.py as slime's train.py): its
+    step in a Ray worker holds memory in proportion to the rollout's tokens, so rollout 1 (64k tokens at 64 KiB a
+    token: 4 GiB) outgrows the cgroup. The publish step reads the kernel's kill from the cgroup the memory probe
+    recorded (or Ray's monitor's error from the job's log): outcome outOfMemory, exit 4, folder unlocked, nothing
+    left running."""
+    from forge_replay.dumps import save
+    from forge_replay.dumps.synth import synth_samples
+
+    stand_in = Path(__file__).resolve().parent.parent / "byo"
+    dumps = tmp_path / "dumps" / "run"
+    dumps.mkdir(parents=True)
+    save(dumps / "rollout_0.pt", 0, synth_samples(0, 2, 4, 16, 48, vocab_size=VOCAB))  # a whole step
+    save(dumps / "rollout_1.pt", 1, synth_samples(1, 32, 4, 64, 448, vocab_size=VOCAB))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({
+        "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "oom-slime"},
+        "spec": {"replay": {"mode": "debug", "numRollouts": 2,
+                            "dumps": {"claimName": "dumps", "path": "run/rollout_{rollout_id}.pt"}},
+                 "model": {"config": {"hidden_size": 8}},
+                 "trainer": {"backend": "slime", "image": "team/slime:v1", "workingDir": "/root/slime",
+                             "args": ["--stand-in-backend", "slime", "--stand-in-bytes-per-token", str(64 * 1024),
+                                      "--rollout-batch-size", "4", "--n-samples-per-prompt", "4"]}}}))
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--trainer-root", str(stand_in),
+            "--dumps-root", str(tmp_path / "dumps"), "--results", str(results)]
+    env = {**os.environ, "RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+    with memory_cgroup(LIMIT) as cgroup:
+        procs = cgroup / "cgroup.procs"
+        run = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True,
+                               preexec_fn=lambda: procs.write_text(str(os.getpid())))
+        try:
+            stdout, stderr = run.communicate(timeout=300)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, 9)
+                run.wait()
+        deadline = time.monotonic() + 15
+        while procs.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = procs.read_text().split()
+        kills = oom_kills(cgroup)
+    assert run.returncode == 4, (stdout + stderr)[-4000:]
+    assert not left, f"processes of the run left in its cgroup: {left}"
+    assert kills >= 1
+    log = (results / "trainer.log").read_text()
+    assert '"rollout_id": 0' in log and '"trained_mib": 32' in log  # rollout 0's step fit (512 tokens: 32 MiB)
+
+    report = json.loads((results / "report.json").read_text())
+    oom = report["out_of_memory"]
+    assert report["outcome"] == "outOfMemory" and report["backend"] == "slime" and report["exit_code"] != 0
+    assert oom["signal"] in ("kernelOomKiller", "rayMemoryMonitor") and oom["where"]["component"] == "trainer"
+    if oom["signal"] == "kernelOomKiller":
+        assert oom["how_much"]["limit_bytes"] == LIMIT
+    assert report["partial"] is True and "out of memory" in report["error"]
+    progress = json.loads((results / "progress.json").read_text())
+    assert progress["result"]["phase"] == "Failed" and progress["result"]["outcome"] == "outOfMemory"
+    assert not (results / ".forge-replay.lock").exists()
+    assert f"forge-replay run {job}: out of memory ({oom['signal']})" in stderr

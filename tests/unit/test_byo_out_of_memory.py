@@ -179,6 +179,10 @@ def test_a_cuda_out_of_memory_the_observer_recorded(tmp_path) -> None:
     assert record["where"]["device"] == "cuda:3" and record["where"]["pid"] == os.getpid()
     assert record["how_much"]["requested_bytes"] == 2 * 2**30
     assert record["how_much"]["device_total_bytes"] == 140 * 2**30
+    # what else held the device: used (total - free) less the process's reserved, when torch gave that figure
+    target = next(tmp_path.glob("oom-*.json"))
+    target.write_text(json.dumps({**json.loads(target.read_text()), "reserved_bytes": 100 * 2**30}))
+    assert out_of_memory.out_of_memory(str(tmp_path), 1)["how_much"]["held_by_others_bytes"] == 39 * 2**30
 
 
 # ----------------------------------------------------------------------------- Ray's memory monitor

@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from forge_replay.api.outcome import RanOutOfMemory  # noqa: E402
-from forge_replay.runtime.memory_signals import MemoryCgroup, memory_cgroup, this_process_cgroup  # noqa: E402
+from forge_replay.runtime.memory_signals import (MemoryCgroup, held_by_others_bytes, memory_cgroup,  # noqa: E402
+                                                 this_process_cgroup)
 from forge_replay.runtime.trainer.oom import RankWatch, allocator_error  # noqa: E402
 
 
@@ -126,3 +127,10 @@ def test_cgroup_v1_and_v2_files_and_a_containers_own_cgroup_at_the_mount_root(tm
     assert found == MemoryCgroup(2, str(v2))
     assert found.read().to_dict() == {"oom_kills": 1, "limit_bytes": None, "max_usage_bytes": 1048576}
     assert memory_cgroup(10, str(root2), str(proc)) is None  # no such process
+
+
+def test_what_else_held_the_device_is_its_used_memory_less_this_process_reserved():
+    # torch's observer gives (device_total, device_free); memory_stats this process's reserved bytes
+    assert held_by_others_bytes(140 << 30, 1 << 30, 100 << 30) == 39 << 30
+    assert held_by_others_bytes(140 << 30, 1 << 30, 140 << 30) == 0  # never negative (figures read apart)
+    assert held_by_others_bytes(140 << 30, None, 100 << 30) is None

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_replay.backends.probe import cgroup_figures
-from forge_replay.runtime.memory_signals import ray_monitor_figures
+from forge_replay.runtime.memory_signals import held_by_others_bytes, ray_monitor_figures
 
 RAY_OOM_ERROR = "ray.exceptions.OutOfMemoryError: "
 """The last line of a traceback of Ray's memory monitor's error, up to its message."""
@@ -54,6 +54,10 @@ def cuda_record(folder: str) -> dict[str, Any] | None:
     first = min(found, key=lambda r: r.get("at") or "")
     figures = ("requested_bytes", "allocated_bytes", "reserved_bytes", "device_total_bytes", "device_free_bytes")
     how_much = {key: first[key] for key in figures if first.get(key) is not None}
+    others = held_by_others_bytes(first.get("device_total_bytes"), first.get("device_free_bytes"),
+                                  first.get("reserved_bytes"))
+    if others is not None:
+        how_much["held_by_others_bytes"] = others
     return {"signal": "cudaAllocator",
             "where": {"component": "trainer", "node": first.get("host"), "pid": first.get("pid"),
                       "device": first.get("device")},

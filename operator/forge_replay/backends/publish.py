@@ -103,7 +103,7 @@ def report(job: str, backend: str, script: str, exit_code: int, total: int, peak
     :func:`preflight`)."""
     phase, message = script_result(exit_code, script, out_of_memory)
     document: dict[str, Any] = {"job": job, "backend": backend, "script": script, "exit_code": exit_code,
-                                "partial": False, "planned": total, "error": message or None,
+                                "partial": exit_code != 0, "planned": total, "error": message or None,
                                 "finished_at": finished_at, "summary": {"memory_peak": peak},
                                 "out_of_memory": out_of_memory}
     if checked is not None:

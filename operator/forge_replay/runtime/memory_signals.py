@@ -33,6 +33,15 @@ UNLIMITED = 2**62
 """A v1 limit at or above this is "no limit" (the kernel shows LLONG_MAX rounded down to a page)."""
 
 
+def held_by_others_bytes(device_total: int | None, device_free: int | None, reserved: int | None) -> int | None:
+    """What else held the device when this process's CUDA allocator ran out: the device's used memory (total less
+    free, as the driver counts it) less what this process's allocator had reserved; other processes' memory
+    (colocated engines, another rank) and this process's CUDA context. None when a figure is missing."""
+    if device_total is None or device_free is None or reserved is None:
+        return None
+    return max(0, int(device_total) - int(device_free) - int(reserved))
+
+
 @dataclass(frozen=True)
 class MemoryCgroup:
     """Where a process's memory cgroup is: ``version`` 1 or 2 and its ``directory``."""

@@ -25,6 +25,7 @@ import time
 from contextlib import contextmanager
 
 from forge_replay.api.outcome import OutOfMemory, OutOfMemoryHowMuch, OutOfMemoryWhen, OutOfMemoryWhere, RanOutOfMemory
+from forge_replay.runtime.memory_signals import held_by_others_bytes
 
 CPU_ALLOCATOR_MESSAGE = "DefaultCPUAllocator: can't allocate memory"
 """torch's CPU allocator has no error type of its own: c10/core/impl/alloc_cpu.cpp (torch 2.15, line 127) fails a
@@ -151,6 +152,9 @@ class RankWatch:
         seen.pop("device", None)
         if signal == "cudaAllocator" and not seen:
             seen = _cuda_now()
+        if signal == "cudaAllocator":
+            seen["held_by_others_bytes"] = held_by_others_bytes(
+                seen.get("device_total_bytes"), seen.get("device_free_bytes"), seen.get("reserved_bytes"))
         snapshot = None
         if self.observer is not None and self.observer.snapshot and self.results_dir:
             snapshot = os.path.relpath(self.observer.snapshot, self.results_dir)
