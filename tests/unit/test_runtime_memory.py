@@ -19,3 +19,6 @@ def test_each_step_reports_its_own_peak_rss():
     if big.rss_reset:  # Linux with /proc/self/clear_refs: the second step no longer sees the first's peak
         assert small.peak_rss_gib < big.peak_rss_gib - 0.2
     assert big.headline_gib == big.peak_rss_gib
+    import socket
+
+    assert big.host == socket.gethostname()  # which pod, where a trainer spans pods

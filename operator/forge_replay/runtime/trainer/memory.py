@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import resource
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,6 +29,8 @@ class RankMemory:
     peak_reserved_gib: float | None
     peak_rss_gib: float
     rss_reset: bool
+    host: str | None = None
+    """The rank's host name: its pod's name in a cluster, where a trainer spans pods."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,7 +83,8 @@ class MemoryProbe:
             torch.cuda.synchronize()
             allocated = torch.cuda.max_memory_allocated() / GIB
             reserved = torch.cuda.max_memory_reserved() / GIB
-        return RankMemory(self.rank, self.device, allocated, reserved, _peak_rss_bytes() / GIB, self._rss_reset)
+        return RankMemory(self.rank, self.device, allocated, reserved, _peak_rss_bytes() / GIB, self._rss_reset,
+                          socket.gethostname())
 
 
 def start_memory_history(max_entries: int = 100_000) -> bool:
