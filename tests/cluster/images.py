@@ -315,6 +315,32 @@ def byo_standin_image(log_path: Path, rebuild: bool = False) -> Image:
     return Image("byo-standin", reference, archive)
 
 
+def operator_next_image(log_path: Path, rebuild: bool = False) -> Image:
+    """TEST ONLY: a second version of the operator image, for `helm upgrade` mid-run (e2e scenario 10): the operator
+    image with another version label and a marker in its environment (``FORGE_REPLAY_IMAGE_GENERATION=next``), so
+    it is another image (another ID) running the same code; cached by its inputs."""
+    operator = product_image("operator", log_path)
+    key = _digest(operator.reference, "next")
+    reference = f"{REGISTRY}/operator-next:{key}"
+    archive = images_dir() / f"operator-next-{key}.tar"
+    if archive.exists() and not rebuild:
+        return Image("operator-next", reference, archive)
+    if not _have(operator.reference):  # the operator's archive was cached, buildah's copy not
+        _buildah("pull", f"oci-archive:{operator.archive}", log_path=log_path)
+    context = images_dir() / "operator-next-context"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    (context / "Containerfile").write_text(
+        f"FROM {operator.reference}\n"
+        "LABEL org.opencontainers.image.version=\"next\"\n"
+        "ENV FORGE_REPLAY_IMAGE_GENERATION=next\n")
+    _buildah("build", "--network=host", "--isolation=chroot", "--layers=false", f"--tag={reference}",
+             f"--file={context / 'Containerfile'}", str(context), log_path=log_path)
+    _export(reference, archive, log_path)
+    _prune("operator-next", reference, archive)
+    return Image("operator-next", reference, archive)
+
+
 def _prune(name: str, reference: str, archive: Path) -> None:
     """Drop the older builds of an image (archives of GBs and buildah's copies): only the current one is used."""
     for old in images_dir().glob(f"{name}-*.tar"):
@@ -333,7 +359,8 @@ def build_images(names: tuple[str, ...] = ("operator", "runtime"), rebuild: tupl
                               "(apt-get install buildah mmdebstrap uidmap fuse-overlayfs)")
     images_dir().mkdir(parents=True, exist_ok=True)
     log_path = images_dir() / "build.log"
-    test_only = {"sglang-standin": sglang_standin_image, "byo-standin": byo_standin_image}
+    test_only = {"sglang-standin": sglang_standin_image, "byo-standin": byo_standin_image,
+                 "operator-next": operator_next_image}
     return [test_only[name](log_path, rebuild=name in rebuild) if name in test_only
             else product_image(name, log_path, rebuild=name in rebuild) for name in names]
 
