@@ -29,11 +29,11 @@ def rank_result(rank, loss_sum, loss_tokens, rss, allocated=None):
     }
 
 
-def batch(rollout_id, fallback=False, masked_out=0, rollout_id_mismatch="", multimodal_ignored=0):
+def batch(rollout_id, fallback=False, masked_out=0, rollout_id_mismatch="", multimodal_ignored=0, stretch=None):
     return SimpleNamespace(rollout_id=rollout_id, num_samples=8, fallback_used=fallback,
                            path=f"/d/rollout_{0 if fallback else rollout_id}.pt", reward_mean=0.5,
                            masked_out=masked_out, rollout_id_mismatch=rollout_id_mismatch,
-                           multimodal_ignored=multimodal_ignored)
+                           multimodal_ignored=multimodal_ignored, stretch=stretch)
 
 
 def make_report(on_gpu=False):

@@ -260,6 +260,23 @@ def _upstream_loader_needs_byo(spec: SpecParts) -> list[Problem]:
     return []
 
 
+_STRETCH_BUILTIN = ("builtin trainer only for now: slime and miles read the dumps with their own rollout function, "
+                    "which does not stretch them")
+
+
+@_rule(
+    "",
+    "!has(self.replay.stretch) || !has(self.trainer) || !has(self.trainer.backend) "
+    "|| self.trainer.backend == 'builtin'",
+    f"spec.replay.stretch: {_STRETCH_BUILTIN}",
+    ".replay.stretch",
+)
+def _stretch_needs_builtin(spec: SpecParts) -> list[Problem]:
+    if spec.replay.stretch is not None and spec.trainer.backend != "builtin":
+        return [Problem("spec.replay.stretch", _STRETCH_BUILTIN)]
+    return []
+
+
 @_rule(
     "",
     "!has(self.replay.loader) || self.replay.loader != 'upstream' || self.replay.mode != 'forge' || "

@@ -70,6 +70,23 @@ class VerifyResources(ApiModel):
     )
 
 
+class StretchSpec(ApiModel):
+    """The recorded samples stretched to a longer context: a team tests 64k with the dumps of its 32k run."""
+
+    max_tokens: Int = Field(
+        ge=1,
+        le=INT32_MAX,
+        description=(
+            "Each rollout's longest sample is stretched to this many tokens (prompt + response) and every other "
+            "sample keeps its share of that length (its total scaled by maxTokens / the longest's, rounded down): "
+            "responses are tiled (repeated) to their scaled length, and loss masks, log probs and every other "
+            "per-token field are tiled in step; prompts, rewards and groups are kept. It must be at least the longest "
+            "recorded sample (stretching never shortens) and at most the model's max_position_embeddings, checked "
+            "before any GPU is requested. builtin trainer only."
+        ),
+    )
+
+
 class ReplaySpec(ApiModel):
     """What is replayed and how."""
 
@@ -117,6 +134,13 @@ class ReplaySpec(ApiModel):
         default=None,
         max_length=253,
         description="Key of the reward reported for eval when dump rewards are dicts (defaults to rewardKey).",
+    )
+    stretch: StretchSpec | None = Field(
+        default=None,
+        description=(
+            "Replay the recorded samples stretched to a longer context (see maxTokens): the dumps' own shape "
+            "(prompt / response split, rewards, groups) at the length under test. Recorded in report.json."
+        ),
     )
     loader: Literal["forgeReplay", "upstream"] = Field(
         default="forgeReplay",

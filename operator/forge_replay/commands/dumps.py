@@ -78,6 +78,9 @@ def inspect(path: str, as_json: bool, limit_settings: tuple[str, ...]) -> None:
               help="Check eval dumps' dict rewards under this key (replay.evalRewardKey; default --reward-key).")
 @click.option("--n-samples-per-prompt", type=click.IntRange(min=1), default=None,
               help="Group samples as training does (trainer.nSamplesPerPrompt; default: by group_index).")
+@click.option("--stretch-max-tokens", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Stretch each train dump's samples so its longest is N tokens, as training does "
+              "(spec.replay.stretch.maxTokens), and check the stretched samples.")
 @click.option("--model", "model_path", default=None, metavar="PATH",
               help="The model's checkpoint directory (spec.model.path): its config.json gives the vocabulary and"
               " positions the tokens must fit (read without weights; unreadable: noted, those checks skipped).")
@@ -104,8 +107,8 @@ def verify(**options: Any) -> None:
 
     Token ids, log probs and rewards are checked as training checks them; samples with an all-zero
     loss mask and dumps whose rollout_id is not their file's rollout are counted in the report.
-    With any of the job's settings (--reward-key, --no-reward-key, --n-samples-per-prompt, --model,
-    --model-config) every train dump goes through the trainer's own conversion under them: give them
+    With any of the job's settings (--reward-key, --no-reward-key, --n-samples-per-prompt, --stretch-max-tokens,
+    --model, --model-config) every train dump goes through the trainer's own conversion under them: give them
     all, as the operator's verify Job does (a dict reward without --reward-key is then refused).
     With --backend slime or miles, train dumps must also pass that framework's own acceptance rules.
     """

@@ -28,6 +28,7 @@ from typing import Any
 
 from forge_replay.dumps.bounds import quote
 from forge_replay.dumps.sample import Sample, SampleError
+from forge_replay.dumps.stretch import STRETCH_FIELD, StretchRecord, position_problem, stretch_samples
 
 STD_EPS = 1e-6
 TOKEN_ID_MAX = 2**31 - 1  # token ids are int32 on the way to the model
@@ -62,6 +63,7 @@ class TrainData:
     group_ids: list[int]
     masked_out: int = 0  # samples whose loss mask is all zeros (counted: slime accepts them)
     multimodal_ignored: int = 0  # samples with images / pixel_values: their tokens train, the rest is ignored
+    stretch: StretchRecord | None = None  # spec.replay.stretch: what stretching this rollout did (None: not stretched)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -288,23 +290,35 @@ class Conversion:
     """The trainer's conversion of one rollout under a job's settings and its model's limits.
 
     The rollout manager converts every rollout with it, and ``replay.verify`` runs it on every train dump before
-    any GPU is requested: one function, so verify refuses exactly what training would."""
+    any GPU is requested: one function, so verify refuses exactly what training would. With ``stretch_max_tokens``
+    (spec.replay.stretch.maxTokens) the samples are stretched first
+    (:func:`~forge_replay.dumps.stretch.stretch_samples`): the stretched samples are what is checked and converted."""
 
     n_samples_per_prompt: int | None = None
     normalize_std: bool = True
     reward_key: str | None = None
     limits: ModelLimits = NO_LIMITS
+    stretch_max_tokens: int | None = None
 
     @classmethod
     def for_job(cls, spec: Any, limits: ModelLimits = NO_LIMITS) -> Conversion:
         """The conversion a ForgeReplayJob ``spec`` trains with (trainer.nSamplesPerPrompt,
-        trainer.normalizeAdvantageStd, replay.rewardKey)."""
-        trainer = spec.trainer
-        return cls(trainer.n_samples_per_prompt, trainer.normalize_advantage_std, spec.replay.reward_key, limits)
+        trainer.normalizeAdvantageStd, replay.rewardKey, replay.stretch)."""
+        trainer, stretch = spec.trainer, spec.replay.stretch
+        return cls(trainer.n_samples_per_prompt, trainer.normalize_advantage_std, spec.replay.reward_key, limits,
+                   None if stretch is None else stretch.max_tokens)
 
     def __call__(self, samples: Sequence[Sample]) -> TrainData:
-        return to_train_data(samples, n_samples_per_prompt=self.n_samples_per_prompt,
+        record = None
+        if self.stretch_max_tokens is not None:
+            problem = position_problem(self.stretch_max_tokens, self.limits.max_positions)
+            if problem:
+                raise SampleError(None, STRETCH_FIELD, problem.removeprefix(f"{STRETCH_FIELD}: "))
+            samples, record = stretch_samples(samples, self.stretch_max_tokens)
+        data = to_train_data(samples, n_samples_per_prompt=self.n_samples_per_prompt,
                              normalize_std=self.normalize_std, reward_key=self.reward_key, limits=self.limits)
+        data.stretch = record
+        return data
 
 
 def check_samples(samples: Sequence[Sample], reward_key: str | None = None, limits: ModelLimits = NO_LIMITS) -> int:

@@ -187,6 +187,8 @@ class FileSettings:
             "reward_key": c.reward_key, "vocab_size": c.limits.vocab_size,
             "max_position_embeddings": c.limits.max_positions,
         }
+        if c is not None and c.stretch_max_tokens is not None:  # only then: unstretched jobs' records stay as they were
+            conversion["stretch_max_tokens"] = c.stretch_max_tokens
         upstream = None if self.upstream is None else {
             k: sorted(v) if isinstance(v, frozenset) else v for k, v in asdict(self.upstream).items()}
         return {"conversion": conversion, "reward_key": self.reward_key, "eval_reward_key": self.eval_reward_key,

@@ -41,6 +41,7 @@ class VerifyRequest:
     no_reward_key: bool = False
     eval_reward_key: str | None = None
     n_samples_per_prompt: int | None = None
+    stretch_max_tokens: int | None = None
     model_path: str | None = None
     model_config: str | None = None
     backend: str = "builtin"
@@ -79,6 +80,7 @@ class VerifyRequest:
             no_reward_key=not replay.reward_key,
             eval_reward_key=replay.eval_reward_key or None,
             n_samples_per_prompt=trainer.n_samples_per_prompt or None,
+            stretch_max_tokens=None if replay.stretch is None else replay.stretch.max_tokens,
             model_path=(f"{model_root}/{model.path}" if model.config is None and model.path and model_root is not None
                         else None),
             model_config=None if model.config is None else json.dumps(model.config, sort_keys=True,
@@ -101,6 +103,7 @@ class VerifyRequest:
         command += _option("--reward-key", self.reward_key) + _flag("--no-reward-key", self.no_reward_key)
         command += _option("--eval-reward-key", self.eval_reward_key)
         command += _option("--n-samples-per-prompt", self.n_samples_per_prompt)
+        command += _option("--stretch-max-tokens", self.stretch_max_tokens)
         command += _option("--backend", None if self.backend == "builtin" else self.backend)
         command += _option("--trainer-args", self.trainer_args)
         command += _option("--model-config", self.model_config) + _option("--model", self.model_path)
@@ -199,9 +202,10 @@ def _conversion(request: VerifyRequest) -> tuple[Any, tuple[str, ...]]:
     notes of checks skipped (an unreadable model config), or (None, ()) when the request gives none of them."""
     from forge_replay.dumps.convert import NO_LIMITS, Conversion
     from forge_replay.dumps.model_limits import model_limits
+    from forge_replay.dumps.stretch import position_problem
 
     if not (request.reward_key is not None or request.no_reward_key or request.n_samples_per_prompt
-            or request.model_path or request.model_config):
+            or request.stretch_max_tokens or request.model_path or request.model_config):
         return None, ()
     limits, note = NO_LIMITS, ""
     try:
@@ -214,8 +218,12 @@ def _conversion(request: VerifyRequest) -> tuple[Any, tuple[str, ...]]:
             limits, note = model_limits(request.model_path)
     except ValueError as exc:  # not JSON, or not an object
         raise UsageError(f"--model-config: {exc}") from None
+    if request.stretch_max_tokens is not None:  # refused once, before any dump is read
+        problem = position_problem(request.stretch_max_tokens, limits.max_positions)
+        if problem:
+            raise UsageError(f"{problem} (--stretch-max-tokens)")
     conversion = Conversion(n_samples_per_prompt=request.n_samples_per_prompt, reward_key=request.reward_key,
-                            limits=limits)
+                            limits=limits, stretch_max_tokens=request.stretch_max_tokens)
     return conversion, (note,) if note else ()
 
 

@@ -20,6 +20,7 @@ from forge_replay.runtime.report import (
     memory_peak,
     progress_memory,
     render_table,
+    stretch_report,
     summarize,
 )
 
@@ -94,7 +95,8 @@ class Prepared:
 
 
 def preflight(config, progress: bool = False, plan: ReplayPlan | None = None) -> Prepared:
-    """Checks that need no Ray and no trainer: forge prerequisites, model source and limits, dumps (``verify``).
+    """Checks that need no Ray and no trainer: forge prerequisites, model source and limits (and
+    spec.replay.stretch.maxTokens within the model's positions), dumps (``verify``).
 
     Raises :class:`UnusableInput` (a dumps root or model folder that does not exist, a model config the trainer
     cannot build, forge mode without sglang; :class:`DumpsRefused` when verify refuses the dumps) or
@@ -103,6 +105,7 @@ def preflight(config, progress: bool = False, plan: ReplayPlan | None = None) ->
     """
     from forge_replay.dumps.model_config import ModelError
     from forge_replay.dumps.model_limits import model_limits
+    from forge_replay.dumps.stretch import position_problem
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
     from forge_replay.runtime.trainer.model import model_source
 
@@ -122,6 +125,10 @@ def preflight(config, progress: bool = False, plan: ReplayPlan | None = None) ->
         raise UnusableInput(str(exc)) from None
     if note:
         log.warning("%s", note)
+    if spec.replay.stretch is not None:  # the stretched longest sample is maxTokens long: refused before Ray
+        problem = position_problem(spec.replay.stretch.max_tokens, limits.max_positions)
+        if problem:
+            raise UnusableInput(problem)
     checked = None
     if spec.replay.verify:
         checked = verify_or_raise(config, limits, note, progress).preflight()
@@ -224,6 +231,8 @@ class _ReplayRun:
             planned=len(self.rollout_ids),
         )
         report.preflight = prepared.preflight
+        self.stretch_tokens = None if spec.replay.stretch is None else spec.replay.stretch.max_tokens
+        report.stretch = stretch_report(self.stretch_tokens, [])
         report.identity = identity_of(report.job, spec)
         self.saver = ReportSaver(config.results_dir)
         self.saver.save(report)  # a partial report from the start: no earlier run's report.json passes for this one's
@@ -365,6 +374,7 @@ class _ReplayRun:
                                       time.perf_counter() - began)
         report.rollouts.append(record)
         report.completed = step + 1
+        report.stretch = stretch_report(self.stretch_tokens, report.rollouts)
         if step == 0:
             report.time_to_first_step_seconds = time.perf_counter() - self.started
         if self.syncer is not None:

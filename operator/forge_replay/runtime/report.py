@@ -47,6 +47,9 @@ class RolloutRecord:
     """Why the dump's own rollout_id is not the rollout its file stands for (slime never reads it); None when it is."""
     multimodal_ignored_samples: int = 0
     """Samples with multimodal inputs (VLM images, pixel_values) of which the builtin trainer trained the tokens only."""
+    stretch: dict | None = None
+    """spec.replay.stretch: this rollout's longest sample before and after, the factor, its tokens before and after
+    (``forge_replay.dumps.stretch.StretchRecord``); None when not stretched."""
     non_finite: dict[str, str] = field(default_factory=dict)
     """loss / grad_norm values that are not finite, as ``{"grad_norm": "nan"}``: report.json writes them as null
     (strict JSON), so this says what they were."""
@@ -114,6 +117,9 @@ class RunReport:
     outcome: str | None = None
     """How the run ended, as a memory test reads it (set when it ends): fits, overBudget, outOfMemory or failed
     (``forge_replay.verdict.outcome.outcome_of``)."""
+    stretch: dict | None = None
+    """spec.replay.stretch: ``max_tokens`` and, over the rollouts trained, the longest sample before and after and
+    the factors (:func:`stretch_report`); None when the samples are replayed as recorded."""
     out_of_memory: dict | None = None
     """With outcome outOfMemory, the record of which signal, where, when and how much
     (``forge_replay.api.outcome.OutOfMemory``, snake_case); None otherwise."""
@@ -147,9 +153,27 @@ def combine_rank_results(step: int, batch, rank_results: list[dict], data_wait_s
         masked_out_samples=batch.masked_out,
         rollout_id_mismatch=batch.rollout_id_mismatch or None,
         multimodal_ignored_samples=batch.multimodal_ignored,
+        stretch=batch.stretch,
     )
     record.non_finite = non_finite_metrics({metric: getattr(record, metric) for metric in FINITE_METRICS})
     return record
+
+
+def stretch_report(max_tokens: int | None, records: list[RolloutRecord]) -> dict | None:
+    """report.json's ``stretch``: spec.replay.stretch.maxTokens and, over the rollouts stretched so far, the longest
+    sample before and after, the smallest and largest factor (each rollout's longest reaches maxTokens, so each has
+    its own) and the tokens before and after; None without spec.replay.stretch."""
+    if max_tokens is None:
+        return None
+    done = [r.stretch for r in records if r.stretch]
+
+    def most(key: str, pick=max):
+        return pick(s[key] for s in done) if done else None
+
+    return {"max_tokens": max_tokens, "rollouts": len(done), "longest_before": most("longest_before"),
+            "longest_after": most("longest_after"), "factor_min": most("factor", min), "factor_max": most("factor"),
+            "tokens_before": sum(s["tokens_before"] for s in done),
+            "tokens_after": sum(s["tokens_after"] for s in done)}
 
 
 def headline_gib(memory: dict) -> float:
@@ -358,6 +382,10 @@ def render_table(report: RunReport):
     if s.get("rollout_id_mismatches"):
         lines.append(f"rollout_id mismatches {s['rollout_id_mismatches']} "
                      f"(rollouts {s['rollout_id_mismatch_rollout_ids']}: the dump's rollout_id is not its file's)")
+    if report.stretch and report.stretch["rollouts"]:
+        st = report.stretch
+        lines.append(f"stretched to maxTokens {st['max_tokens']}: longest sample {st['longest_before']} -> "
+                     f"{st['longest_after']} tokens, factor {st['factor_min']:.2f}-{st['factor_max']:.2f}")
     for e in report.evals:
         when = " (before training)" if e.after_rollout_id is None else ""
         lines.append(

@@ -49,6 +49,8 @@ class RolloutBatch:
     """A note when the dump's own rollout_id is not the rollout its file stands for (slime never reads it)."""
     multimodal_ignored: int = 0
     """Samples with multimodal inputs (VLM images, pixel_values): the builtin trainer trains their tokens only."""
+    stretch: dict | None = None
+    """spec.replay.stretch: what stretching this rollout did (:class:`~forge_replay.dumps.stretch.StretchRecord`)."""
 
 
 def forge_prerequisite_problem(engine_command: str | None) -> str | None:
@@ -187,6 +189,7 @@ class RolloutManager:
             rank_batches=rank_batches,
             masked_out=data.masked_out,
             multimodal_ignored=data.multimodal_ignored,
+            stretch=None if data.stretch is None else data.stretch.to_dict(),
             rollout_id_mismatch=rollout_id_note(replayed.dump_rollout_id, replayed.file_rollout_id)
             if replayed.dump_rollout_id is not None else "",
         )

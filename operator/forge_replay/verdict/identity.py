@@ -31,13 +31,15 @@ def model_identity(model) -> dict:
 
 
 def identity_of(name: str, spec) -> dict:
-    """report.json's ``identity``: job name, mode, dump path template, model and the settings that change the
-    numbers a baseline compares (learning rate, clipping, dtype, micro-batching, advantages, seed, reward key)."""
+    """report.json's ``identity``: job name, mode, dump path template, the stretch (spec.replay.stretch.maxTokens),
+    model and the settings that change the numbers a baseline compares (learning rate, clipping, dtype,
+    micro-batching, advantages, seed, reward key)."""
     t = spec.trainer
     return {
         "job": name,
         "mode": spec.replay.mode,
         "dumps_path": spec.replay.dumps.path,
+        "stretch_max_tokens": None if spec.replay.stretch is None else spec.replay.stretch.max_tokens,
         "model": model_identity(spec.model),
         "trainer": {
             "backend": t.backend,
