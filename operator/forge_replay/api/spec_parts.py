@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from forge_replay.api.base import ApiModel, FiniteFloat, Int, described
 from forge_replay.api.engine_args import engine_args_problems
+from forge_replay.api.metrics import ROLLOUT_METRICS  # noqa: F401 - read from here too
 from forge_replay.api.names import (
     DNS1123_SUBDOMAIN,
     IMAGE_REFERENCE,
@@ -449,14 +450,6 @@ class ResultsSpec(ApiModel):
         if value and not re.match(DNS1123_SUBDOMAIN, value):
             raise ValueError(f"{value!r} is not a valid PVC name (a DNS-1123 subdomain: lowercase, digits, '-', '.')")
         return value
-
-
-ROLLOUT_METRICS = (
-    "loss", "grad_norm", "clip_fraction", "reward_mean", "tokens", "loss_tokens", "num_samples", "micro_batches",
-    "masked_out_samples", "multimodal_ignored_samples",
-)
-"""The per-rollout numeric fields of report.json a baseline can compare (the deterministic ones: step times
-and memory vary run to run)."""
 
 
 class BaselineSpec(ApiModel):
