@@ -4,9 +4,12 @@ statistics, shadow mode, regressions explained and windowed checks, over hand-ma
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from forge_replay.api.metrics import GATED_METRICS, MEASURED_METRICS, MEMORY_METRICS
 from forge_replay.verdict.baseline import KEPT, applied_size, baseline_configmap
@@ -109,3 +112,162 @@ def test_five_1000_rollout_runs_fit_client_side_apply():
                 mem.update(peak_reserved_gib=75 + draw(), peak_allocated_gib=71 + draw())
         docs.append(doc)
     assert applied_size(baseline_configmap(content(*docs), "release-history", "ml")) < 262144 - 4096
+
+
+# ------------------------------------------------------------------------------------------ item 3: bands
+
+
+def expect(bands=(), metrics=("loss",), **more):
+    from forge_replay.api import parse_job
+    from tests.unit.spec_factory import debug_job
+
+    spec = {"baseline": {"configMapName": "b", "metrics": list(metrics), "bands": list(bands)}, **more}
+    return parse_job(debug_job(metadata={"name": "release"}, spec__expect=spec)).spec.expect
+
+
+def verdict(doc, base, e):
+    from forge_replay.verdict.checks import check_report
+
+    return {c.name: c for c in check_report(doc, e, parse_report(json.dumps(base), "b"))}
+
+
+HISTORY = [run(1, (75.0, 74.0)), run(2, (76.0, 74.5), job="r2"), run(3, (77.0, 73.0), job="r3")]
+RESERVED_2PC = {"metric": "peak_reserved_gib", "rtol": 0.02}
+BANDS = [
+    # (case, run, band, passed, message fragment)
+    ("noisy-but-good", run(4, (77.4, 74.0)), RESERVED_2PC, True, "within the band of 3 trusted run(s)"),
+    ("memory-regression", run(4, (79.0, 74.0)), RESERVED_2PC, False,
+     "rollout 0: peak reserved 79 GiB, +1.48 GiB over the band of 3 trusted runs (74.48 GiB .. 77.52 GiB"),
+    ("under-the-band", run(4, (70.0, 70.0)), RESERVED_2PC, False, "-4.48 GiB under the band"),
+    ("spread-multiple", run(4, (79.0, 74.0)), {"metric": "peak_reserved_gib", "spread": 2}, True, "within"),
+    ("spread-multiple-miss", run(4, (81.0, 74.0)), {"metric": "peak_reserved_gib", "spread": 2}, False,
+     "+1 GiB over the band of 3 trusted runs (72 GiB .. 80 GiB"),
+    ("atol-step-time", run(4, step=(12.9, 12.5, 13.0)), {"metric": "step_seconds", "atol": 0.5}, False,
+     "rollout 0: step time 12.9 s, +0.4 s over the band of 3 trusted runs (11.5 s .. 12.5 s"),
+    ("per-rank-peak", run(4, (76.0, 76.0)), {"metric": "peak_reserved_gib", "over": "peakPerRank", "rtol": 0.02},
+     False, "rank 1: peak reserved 76 GiB, +0.69 GiB over the band of 3 trusted runs (72.36 GiB .. 75.31 GiB"),
+    ("per-rank-peak-good", run(4, (76.0, 74.0)), {"metric": "peak_reserved_gib", "over": "peakPerRank",
+                                                  "rtol": 0.02}, True, "each of 2 rank(s)"),
+]
+
+
+@pytest.mark.parametrize("case, doc, band, passed, fragment", BANDS, ids=[b[0] for b in BANDS])
+def test_bands_over_the_statistics_of_trusted_runs(case, doc, band, passed, fragment):
+    checks = verdict(doc, content(*HISTORY), expect([band]))
+    check = checks[f"baseline.{band['metric']}.{'peakPerRank' if band.get('over') else 'band'}"]
+    assert check.passed is passed and fragment in check.message, check.message
+    assert checks["baseline.loss"].passed  # the exact comparison of a deterministic metric, as before
+
+
+def test_a_regression_message_names_the_changed_setting():
+    changed = {**ENV, "sglang": "0.5.23", "trainer": {"gradient_checkpointing": False, "micro_batch_tokens": 4096}}
+    history = [run(d, env={**ENV, "sglang": "0.5.22", "trainer": {"gradient_checkpointing": True,
+                                                                   "micro_batch_tokens": 4096}}, job=f"r{d}")
+               for d in (1, 2, 3, 5, 6)]
+    check = verdict(run(7, (80.0, 74.0), env=changed), content(*history), expect([RESERVED_2PC]))[
+        "baseline.peak_reserved_gib.band"]
+    assert not check.passed
+    assert "over the band of 5 trusted runs" in check.message
+    assert "sglang 0.5.22 -> 0.5.23" in check.message
+    assert "trainer.gradient_checkpointing True -> False" in check.message
+    assert "micro_batch_tokens" not in check.message  # what did not change is not named
+
+
+def test_a_one_run_baseline_without_memory_cannot_gate_memory():
+    from forge_replay.verdict.baseline import baseline_content
+
+    one = baseline_content(run(1), GATED_METRICS)  # the v1 layout keeps no memory entries
+    check = verdict(run(2), one, expect([RESERVED_2PC]))["baseline.peak_reserved_gib.band"]
+    assert not check.passed and "the baseline holds no finite peak_reserved_gib" in check.message
+
+
+def test_a_band_never_accepts_what_is_not_finite():
+    for bad in (math.nan, math.inf, -math.inf, None):
+        doc = run(4)
+        doc["rollouts"][1]["step_seconds"] = bad
+        check = verdict(doc, content(*HISTORY), expect([{"metric": "step_seconds", "rtol": 1e9}]))[
+            "baseline.step_seconds.band"]
+        assert not check.passed and check.rollout == 1
+
+
+# ------------------------------------------------------------------------------------------ item 7: windows
+
+WINDOWS = [
+    ({"metric": "loss", "last": 2, "atMost": 0.2}, True, "mean of loss over the last 2 rollouts (1..2) 0.1875 within"),
+    ({"metric": "loss", "last": 2, "atMost": 0.1}, False, "0.1875 > atMost 0.1"),
+    ({"metric": "loss", "atLeast": 0.3}, False, "over the run (0..2) 0.2916666666666667 < atLeast 0.3"),
+    ({"metric": "peak_reserved_gib", "statistic": "max", "atMost": 74.5}, False, "max of peak reserved over the run"),
+    ({"metric": "step_seconds", "statistic": "max", "atMost": 13.5}, True, "13 s within atMost 13.5"),
+    ({"metric": "loss", "last": 5, "atMost": 1}, True, "only 3 were replayed"),
+    ({"metric": "weight_sync_seconds", "atMost": 1}, False, "rollout 0: weight_sync_seconds is not recorded"),
+]
+
+
+@pytest.mark.parametrize("window, passed, fragment", WINDOWS)
+def test_windows(window, passed, fragment):
+    from forge_replay.verdict.checks import check_report
+
+    e = expect(metrics=("loss",), windows=[window])
+    e = e.model_copy(update={"baseline": None})
+    check = check_report(run(1), e)[-1]
+    assert check.name == f"window.{window.get('statistic', 'mean')}.{window['metric']}"
+    assert check.passed is passed and fragment in check.message, check.message
+
+
+@pytest.mark.parametrize("expect_spec, path, fragment", [
+    ({"windows": [{"metric": "loss"}]}, "spec.expect.windows[0]", "checks nothing"),
+    ({"windows": [{"metric": "loss", "atMost": 1, "atLeast": 2}]}, "spec.expect.windows[0].atLeast", "no value"),
+    ({"windows": [{"metric": "loss", "last": 0, "atMost": 1}]}, "spec.expect.windows[0].last", ""),
+    ({"windows": [{"metric": "los", "atMost": 1}]}, "spec.expect.windows[0].metric", ""),
+    ({"baseline": {"configMapName": "b", "bands": [{"metric": "step_seconds"}]}},
+     "spec.expect.baseline.bands[0]", "no width"),
+    ({"baseline": {"configMapName": "b", "bands": [{"metric": "loss", "over": "peakPerRank", "rtol": 1}]}},
+     "spec.expect.baseline.bands[0].over", "memory peak"),
+    ({"baseline": {"configMapName": "b", "bands": [{"metric": "step_seconds", "rtol": -1}]}},
+     "spec.expect.baseline.bands[0].rtol", ""),
+])
+def test_malformed_bands_and_windows_name_the_field(expect_spec, path, fragment):
+    from forge_replay.api import SpecInvalid, parse_job
+    from tests.unit.spec_factory import debug_job
+
+    with pytest.raises(SpecInvalid) as info:
+        parse_job(debug_job(spec__expect=expect_spec))
+    found = [str(p) for p in info.value.problems]
+    assert any(p.startswith(path + ":") and fragment in p for p in found), found
+
+
+# ------------------------------------------------------------------------------------------ properties
+
+
+FLOATS = st.floats(allow_nan=True, allow_infinity=True)
+NON_NEGATIVE = st.one_of(st.floats(min_value=0), st.just(float("nan")), st.just(float("inf")))
+WIDTH = st.one_of(st.none(), NON_NEGATIVE)
+
+
+@given(value=st.sampled_from([float("nan"), float("inf"), float("-inf")]), mean=FLOATS,
+       spread=NON_NEGATIVE, rtol=WIDTH, atol=WIDTH, k=WIDTH)
+def test_a_band_never_accepts_nan_or_inf(value, mean, spread, rtol, atol, k):
+    from forge_replay.verdict.bands import band_of, within
+    from forge_replay.verdict.statistics import Stats
+
+    band = band_of(Stats(mean, mean, mean + spread, spread, 3), rtol, atol, k)
+    assert not within(value, band)
+    assert band is None or (band.low <= band.high and math.isfinite(band.low) and math.isfinite(band.high))
+
+
+FAILURES = st.sampled_from([
+    {"partial": True}, {"error": "boom"}, {"interrupted": "SIGTERM"}, {"stopped_early": "over budget"},
+    {"expectations": [{"name": "baseline.peak_reserved_gib.band", "passed": False}]},
+    {"summary": {"rollouts": 3, "all_finite": False}},
+])
+
+
+@given(failure=FAILURES, where=st.integers(min_value=0, max_value=3), size=st.integers(min_value=1, max_value=4))
+def test_a_failed_run_is_never_trusted(failure, where, size):
+    from forge_replay.verdict.baseline import several_runs_problems
+
+    docs = [(f"run-{i}.json", run(i + 1, job=f"r{i}")) for i in range(size)]
+    where = min(where, size - 1)
+    docs[where][1].update(failure)
+    problems = several_runs_problems(docs)
+    assert any(p.startswith(f"run-{where}.json: ") for p in problems), problems
