@@ -1,7 +1,7 @@
 """The parts of spec.expect that gate figures varying from run to run (issue 35): a two-sided band around the
 statistics of the baseline's runs (:class:`BandSpec`, spec.expect.baseline.bands) and a check over a window of the
-run's rollouts (:class:`WindowSpec`, spec.expect.windows). Their cross-field rules are ``expect_rules``'; ``forge_replay.verdict.bands``
-decides them."""
+run's rollouts (:class:`WindowSpec`, spec.expect.windows). Their cross-field rules are ``expect_rules``';
+``forge_replay.verdict.bands`` decides them."""
 
 from __future__ import annotations
 

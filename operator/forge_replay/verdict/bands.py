@@ -189,7 +189,8 @@ def window_checks(report: dict, windows: list) -> list[Check]:
         value = STATISTIC[w.statistic](values)
         fails = [f"> atMost {fmt(w.at_most)}" for _ in [0] if w.at_most is not None and value > w.at_most]
         fails += [f"< atLeast {fmt(w.at_least)}" for _ in [0] if w.at_least is not None and value < w.at_least]
-        bounds = ", ".join(f"{k} {fmt(v)}" for k, v in (("atLeast", w.at_least), ("atMost", w.at_most)) if v is not None)
+        bounds = ", ".join(f"{k} {fmt(v)}" for k, v in (("atLeast", w.at_least), ("atMost", w.at_most))
+                           if v is not None)
         checks.append(Check(name, not fails, value, w.at_most if w.at_most is not None else w.at_least,
                             metric=w.metric, message=f"{w.statistic} of {label(w.metric)} over {where} "
                             f"{measure(value, w.metric)} " + ("; ".join(fails) if fails else f"within {bounds}")))

@@ -152,7 +152,8 @@ def history_content(docs: list[dict], metrics: tuple[str, ...], memory_metrics: 
         per_run = [rank_peaks(d["rollouts"], metric) for d in ordered]
         ranks = sorted(set().union(*per_run), key=lambda r: (len(r), r))
         if ranks:
-            peaks[metric] = {r: rounded(stats_of([p.get(r) for p in per_run]), MEASURED_DIGITS).to_dict() for r in ranks}
+            peaks[metric] = {r: rounded(stats_of([p.get(r) for p in per_run]), MEASURED_DIGITS).to_dict()
+                             for r in ranks}
     out["peaks"] = peaks
     return out
 
