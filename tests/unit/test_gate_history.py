@@ -271,3 +271,68 @@ def test_a_failed_run_is_never_trusted(failure, where, size):
     docs[where][1].update(failure)
     problems = several_runs_problems(docs)
     assert any(p.startswith(f"run-{where}.json: ") for p in problems), problems
+
+
+# ------------------------------------------------------------------------------------------ item 5: shadow mode
+
+
+@pytest.mark.parametrize("enforce, rj, result, phase, reason", [
+    (False, "SUCCEEDED", "Succeeded", "Succeeded", "ExpectationsNotMetShadow"),
+    (False, None, "Succeeded", "Succeeded", "ExpectationsNotMetShadow"),  # the RayJob is gone: the runtime's record
+    (True, "FAILED", "Failed", "Failed", "ExpectationsNotMet"),
+    (True, "SUCCEEDED", "Succeeded", "Failed", "ExpectationsNotMet"),  # a verdict not met is never a pass
+])
+def test_shadow_records_the_verdict_and_the_job_succeeds_enforce_fails_it(enforce, rj, result, phase, reason):
+    from forge_replay.controller.status import status_from
+    from tests.unit.test_expect_status import EXPECT, LOSS_OK, MEMORY_MISS, cond, gate, progress, rayjob
+
+    job = gate({**EXPECT, "enforce": enforce})
+    status = status_from(job, rayjob(rj) if rj else None, None, progress(result, MEMORY_MISS, LOSS_OK))
+    met = cond(status, "ExpectationsMet")
+    assert status["phase"] == phase and (met["status"], met["reason"]) == ("False", reason)
+    assert "maxPeakMemoryGiB: peak memory (GiB, RSS) 0.8 > 0.01" in met["message"]
+    assert (cond(status, "Stalled")["status"] == "True") is enforce
+    assert [e["passed"] for e in status["expectations"]] == [False, True]  # recorded either way
+    if not enforce:
+        assert met["message"].startswith("shadow mode (spec.expect.enforce: false), not enforced: ")
+        health = pytest.importorskip("tests.unit.test_argocd_health")
+        obj = {**job.model_dump(mode="json", by_alias=True, exclude_none=True), "status": status}
+        verdict_health = health.run_health(obj)
+        assert verdict_health["status"] == "Healthy" and "not enforced: maxPeakMemoryGiB" in verdict_health["message"]
+
+
+@pytest.mark.parametrize("enforced, outcome, checks, code", [
+    (False, "fits", [{"name": "maxPeakMemoryGiB", "passed": False, "message": "9 > 8"}], 0),
+    (True, "fits", [{"name": "maxPeakMemoryGiB", "passed": False, "message": "9 > 8"}], 3),
+    (False, "fits", [{"name": "outcome", "passed": False, "message": "the run's outcome is fits"}], 0),
+    (False, "outOfMemory", [{"name": "outcome", "passed": False, "message": "outcome is outOfMemory"}], 4),
+    (None, "fits", [{"name": "maxFallbacks", "passed": True, "message": "0 <= 0"}], 0),
+])
+def test_run_exits_0_in_shadow_mode_but_an_unexpected_out_of_memory_still_fails(enforced, outcome, checks, code):
+    from forge_replay.runtime.report import RunReport
+    from forge_replay.runtime.run_inputs import exit_status
+
+    report = RunReport(job="gate", mode="debug", world_size=1, device="cpu", num_params=1, started_at="now",
+                       outcome=outcome, expectations=checks, enforced=enforced, error="out of memory")
+    status, why = exit_status(report)
+    assert status == code
+    if enforced is False and code == 0:
+        assert why.startswith("shadow mode (spec.expect.enforce: false), not enforced: ")
+
+
+def test_a_slime_or_miles_run_in_shadow_mode_records_its_verdict_and_succeeds(tmp_path):
+    from forge_replay.api import parse_job
+    from forge_replay.api.progress_report import PROGRESS_KEY, ProgressReport
+    from forge_replay.backends import launch, publish
+    from tests.unit.test_byo_publish import GOLDEN, write_probe_files
+
+    doc = yaml.safe_load((GOLDEN / "miles-debug.in.yaml").read_text())
+    doc["spec"]["expect"] = {"maxPeakMemoryGiB": 64, "enforce": False}
+    assert "--shadow --exit-code" in launch.entrypoint(parse_job(doc).spec, "/dumps", results_dir="/r")
+    write_probe_files(tmp_path / "probe")
+    assert publish.main(["--results", str(tmp_path), "--exit-code", "0", "--backend", "miles", "--total", "4",
+                         "--max-peak-memory-gib", "64", "--shadow"]) == 0
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["enforced"] is False and written["expectations"][0]["passed"] is False
+    result = ProgressReport.model_validate_json((tmp_path / PROGRESS_KEY).read_text()).result
+    assert result.phase == "Succeeded" and "not enforced: 1 of 1 expectation(s) not met" in result.message

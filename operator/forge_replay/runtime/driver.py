@@ -435,6 +435,7 @@ class _ReplayRun:
         if judged and spec.expect is not None:  # the verdict on a run that finished (or was stopped, or ran out
             checks, warnings = verdict(report.to_dict(), spec, self.config.baseline_path)  # of memory: its outcome)
             report.expectations = [c.to_dict() for c in checks]
+            report.enforced = spec.expect.enforce
             report.warnings += warnings
         self.publish(report.completed)  # a step trained but stopped in its weight push counts in both files
         if self.manager is not None and self.plan.start_engines:
