@@ -336,3 +336,23 @@ def test_a_slime_or_miles_run_in_shadow_mode_records_its_verdict_and_succeeds(tm
     assert written["enforced"] is False and written["expectations"][0]["passed"] is False
     result = ProgressReport.model_validate_json((tmp_path / PROGRESS_KEY).read_text()).result
     assert result.phase == "Succeeded" and "not enforced: 1 of 1 expectation(s) not met" in result.message
+
+
+# ------------------------------------------------------------------------------------------ item 1: environment
+
+
+def test_the_environment_records_what_explains_a_run_that_moved():
+    from forge_replay.api import parse_job
+    from forge_replay.runtime.environment import environment
+    from forge_replay.verdict.explain import what_changed
+    from tests.unit.spec_factory import debug_job
+
+    spec = parse_job(debug_job(spec__trainer__gradient_checkpointing=True)).spec
+    env = environment(7, "cpu", 1, {}, {}, spec)
+    assert env["trainer"] == {"gradient_checkpointing": True, "micro_batch_tokens": spec.trainer.micro_batch_tokens}
+    assert "cuda" in env and "sglang" in env  # None where not installed / a CPU build: recorded as such
+    off = environment(7, "cpu", 1, {}, {}, parse_job(debug_job(spec__trainer__gradient_checkpointing=False)).spec)
+    assert what_changed(off, [env, env]) == "trainer.gradient_checkpointing True -> False"
+    assert what_changed(env, [env]) == "" and what_changed({}, [env]) == ""
+    assert what_changed({"sglang": "0.5.23"}, [{"sglang": "0.5.21"}, {"sglang": "0.5.22"}]) == \
+        "sglang {0.5.21, 0.5.22} -> 0.5.23"

@@ -290,7 +290,7 @@ class _ReplayRun:
         rank0 = self.group.setup(self.prepared.model_source)[0]
         report.num_params = rank0["num_params"]
         report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
-                                         rank0["deterministic"], rank0.get("threads"))
+                                         rank0["deterministic"], rank0.get("threads"), spec)
         if plan.start_engines:
             self.starting(f"starting: waiting for {spec.rollout.num_engines} sglang engine(s)")
         ray.get(rollout_side)

@@ -127,7 +127,7 @@ def baseline_configmap(content: dict, name: str, namespace: str | None) -> dict:
         "forgereplay.io/baseline-of": str(content.get("job")),
         "forgereplay.io/recorded-at": str(content.get("started_at")),
         "forgereplay.io/environment": ", ".join(f"{k}={env[k]}" for k in sorted(env)
-                                                if k not in ("deterministic", "threads")),
+                                                if not isinstance(env[k], (dict, list))),
     }
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {BASELINE_KEY: baseline_text(content)}}
