@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from forge_replay.api.base import ApiModel, Int, described
 from forge_replay.api.byo_rules import BYO_RULES
+from forge_replay.api.expect_rules import EXPECT_RULES
 from forge_replay.api.names import (
     API_VERSION,
     DNS1035_LABEL,
@@ -42,7 +43,7 @@ from forge_replay.api.spec_parts import (
 )
 from forge_replay.api.status import ForgeReplayJobStatus
 
-CROSS_FIELD_RULES: list[CrossFieldRule] = [*CORE_RULES, *BYO_RULES]
+CROSS_FIELD_RULES: list[CrossFieldRule] = [*CORE_RULES, *BYO_RULES, *EXPECT_RULES]
 """Every cross-field rule, in the order the CRD lists their CEL twins and the operator its problems."""
 
 MUTABLE_AFTER_LAUNCH = frozenset({"suspend"})

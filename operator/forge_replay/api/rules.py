@@ -329,6 +329,7 @@ FOREIGN_TRAINER_UNRECORDED = {
                     "report",
     "minTokensPerSecond": "forge-replay does not time its training steps",
     "baseline": "forge-replay does not record its per-rollout loss and grad norm",
+    "windows": "forge-replay does not record its rollouts",
 }
 """What spec.expect may not ask of a slime / miles run (its own train.py), and why: forge-replay records only the
 memory probe's peak of such a run (backends/probe.py, backends/publish.py)."""
@@ -337,9 +338,10 @@ memory probe's peak of such a run (backends/probe.py, backends/publish.py)."""
 @_rule(
     "",
     "!has(self.expect) || !has(self.trainer) || !has(self.trainer.backend) || self.trainer.backend == 'builtin' "
-    "|| (!has(self.expect.maxFallbacks) && !has(self.expect.minTokensPerSecond) && !has(self.expect.baseline))",
+    "|| (!has(self.expect.maxFallbacks) && !has(self.expect.minTokensPerSecond) && !has(self.expect.baseline) "
+    "&& (!has(self.expect.windows) || size(self.expect.windows) == 0))",
     "spec.expect: backend slime or miles records only its memory peak and outcome: maxFallbacks, "
-    "minTokensPerSecond and baseline cannot be checked (maxPeakMemoryGiB and outcome can)",
+    "minTokensPerSecond, baseline and windows cannot be checked (maxPeakMemoryGiB and outcome can)",
     ".expect",
 )
 def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
@@ -347,7 +349,7 @@ def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
     if e is None or backend == "builtin":
         return []
     asked = {"maxFallbacks": e.max_fallbacks is not None, "minTokensPerSecond": e.min_tokens_per_second is not None,
-             "baseline": e.baseline is not None}
+             "baseline": e.baseline is not None, "windows": bool(e.windows)}
     return [Problem(f"spec.expect.{name}", f"not recorded for backend {backend}: {why} (only maxPeakMemoryGiB and "
                     "outcome, from the memory probe, can be checked)")
             for name, why in FOREIGN_TRAINER_UNRECORDED.items() if asked[name]]
@@ -356,16 +358,17 @@ def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
 @_rule(
     "expect",
     "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline) || "
-    "has(self.outcome)",
-    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, baseline or outcome)",
+    "has(self.outcome) || (has(self.windows) && size(self.windows) > 0)",
+    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, baseline, outcome or "
+    "windows)",
     "",
 )
 def _expect_not_empty(spec: SpecParts) -> list[Problem]:
     e = spec.expect
     if e is not None and all(v is None for v in (e.max_peak_memory_gib, e.max_fallbacks, e.min_tokens_per_second,
-                                                 e.baseline, e.outcome)):
+                                                 e.baseline, e.outcome)) and not e.windows:
         return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, "
-                        "baseline or outcome, or remove spec.expect (an empty gate would pass having checked "
+                        "baseline, outcome or windows, or remove spec.expect (an empty gate would pass having checked "
                         "nothing)")]
     return []
 

@@ -10,6 +10,8 @@ from pydantic import Field, field_validator, model_validator
 
 from forge_replay.api.base import ApiModel, FiniteFloat, Int, described
 from forge_replay.api.engine_args import engine_args_problems
+from forge_replay.api.expect_parts import BandSpec, WindowSpec
+from forge_replay.api.metrics import ROLLOUT_METRICS  # noqa: F401 - read from here too
 from forge_replay.api.names import (
     DNS1123_SUBDOMAIN,
     IMAGE_REFERENCE,
@@ -475,14 +477,6 @@ class ResultsSpec(ApiModel):
         return value
 
 
-ROLLOUT_METRICS = (
-    "loss", "grad_norm", "clip_fraction", "reward_mean", "tokens", "loss_tokens", "num_samples", "micro_batches",
-    "masked_out_samples", "multimodal_ignored_samples",
-)
-"""The per-rollout numeric fields of report.json a baseline can compare (the deterministic ones: step times
-and memory vary run to run)."""
-
-
 class BaselineSpec(ApiModel):
     """An earlier run's report.json whose per-rollout metrics this run must reproduce."""
 
@@ -521,6 +515,13 @@ class BaselineSpec(ApiModel):
         description="Compare with a baseline of another replay mode or model (report.json's identity): a warning "
         "instead of the failed check baseline.identity.",
     )
+    bands: list[BandSpec] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Two-sided bands around the statistics of the baseline's runs (`forge-replay report baseline` "
+        "of several reports), for figures that vary run to run: step times, memory peaks (check "
+        "baseline.<metric>.band / .peakPerRank). metrics keeps its exact comparison.",
+    )
 
 
 class ExpectSpec(ApiModel):
@@ -548,4 +549,16 @@ class ExpectSpec(ApiModel):
         description="The outcome the run must have: fits (the default meaning of a memory test), or outOfMemory: a "
         "known-too-big configuration must still run out of memory (the job then Succeeds when it does, and fails "
         "when it fits).",
+    )
+    windows: list[WindowSpec] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Checks over a window of the run's rollouts: the mean (or max, min) of a metric over the last "
+        "k rollouts (or the whole run) at most / at least a value (check window.<statistic>.<metric>).",
+    )
+    enforce: bool = Field(
+        default=True,
+        description="false: shadow mode. The verdict is computed and recorded (report.json, status.expectations, "
+        "ExpectationsMet=False with reason ExpectationsNotMetShadow) but a failed check, the outcome's too, "
+        "does not fail the job: roll a new gate out without blocking releases, then enforce it.",
     )

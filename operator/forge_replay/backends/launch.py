@@ -53,6 +53,8 @@ def entrypoint(spec: Any, dumps_root: str, working_dir: str | None = None, resul
         publish += ["--max-peak-memory-gib", repr(spec.expect.max_peak_memory_gib)]
     if spec.expect is not None and spec.expect.outcome is not None:  # ... and on the run's outcome
         publish += ["--expect-outcome", spec.expect.outcome]
+    if spec.expect is not None and not spec.expect.enforce:  # shadow mode: the verdict recorded, not enforced
+        publish += ["--shadow"]
     return f'{run}; code=$?; {shlex.join(publish)} --exit-code "$code"; exit "$code"'
 
 

@@ -247,6 +247,7 @@ def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], N
     """0, or 3 (``run``'s status for an unmet spec.expect) when the publish step's verdict failed or is missing."""
     from forge_replay.runtime.run_inputs import EXIT_EXPECTATIONS, EXIT_OK
     from forge_replay.verdict.checks import missing_verdict, unmet_line
+    from forge_replay.verdict.shadow import shadow_line
 
     if spec.expect is None:
         return EXIT_OK
@@ -257,6 +258,9 @@ def _verdict_exit(file: str, results_dir: str, spec: Any, err: Callable[[str], N
         return EXIT_EXPECTATIONS
     expectations = document.get("expectations")
     why = missing_verdict(spec.expect is not None, expectations, finished=True) or unmet_line(expectations)
+    if why and expectations is not None and not spec.expect.enforce:  # shadow mode: said, not enforced
+        err(f"forge-replay run {file}: warning: {shadow_line(why)}")
+        return EXIT_OK
     if why:
         err(f"forge-replay run {file}: {why}")
         return EXIT_EXPECTATIONS

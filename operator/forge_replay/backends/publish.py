@@ -43,6 +43,7 @@ from forge_replay.dumps.writing import now_rfc3339, write_atomically
 from forge_replay.frameworks.flags import BACKENDS
 from forge_replay.verdict.checks import Check, Limits, check_report, unmet_line
 from forge_replay.verdict.outcome import outcome_check, outcome_of
+from forge_replay.verdict.shadow import shadow_line
 
 SERVICEACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PROGRESS_KEY = "progress.json"  # forge_replay.api.progress_report.PROGRESS_KEY (a test keeps them equal)
@@ -121,15 +122,19 @@ def report(job: str, backend: str, script: str, exit_code: int, total: int, peak
 
 def progress(exit_code: int, script: str, total: int, peak: dict[str, Any] | None,
              finished_at: str, expectations: list[dict[str, Any]] | None = None,
-             out_of_memory: dict[str, Any] | None = None, outcome: str | None = None) -> dict[str, Any]:
+             out_of_memory: dict[str, Any] | None = None, outcome: str | None = None,
+             enforce: bool = True) -> dict[str, Any]:
     """progress.json (``api.progress_report.ProgressReport``, camelCase) once the script has ended. The script trained
     every rollout when it exited 0 (its ``--num-rollout`` is forge-replay's end bound); otherwise how many it
     trained is not known here, and ``completed`` stays 0. ``expectations``: the verdict (report.json's), which
-    fails the result when a check failed, and makes an out-of-memory it expected a result that succeeded."""
+    fails the result when a check failed (not with ``enforce`` false, shadow mode: it is said in the message), and
+    makes an out-of-memory it expected a result that succeeded."""
     phase, message = script_result(exit_code, script, out_of_memory)
     completed = total if phase == "Succeeded" else 0
     why = unmet_line(expectations)
-    if why:
+    if why and not enforce:
+        message = "; ".join(m for m in (message, shadow_line(why)) if m)
+    elif why:
         phase, message = "Failed", why
     elif out_of_memory is not None and any(c.get("name") == "outcome" for c in expectations or []):
         phase = "Succeeded"  # spec.expect.outcome: outOfMemory, and it did
@@ -172,18 +177,22 @@ def in_cluster() -> tuple[str, str, str, str] | None:
 
 def publish(results: str, job: str, backend: str, script: str, exit_code: int, total: int,
             configmap: str | None, api: tuple[str, str, str | None, str] | None,
-            limits: Limits | None = None, expect_outcome: str | None = None, log: str = "") -> list[str]:
+            limits: Limits | None = None, expect_outcome: str | None = None, log: str = "",
+            enforce: bool = True) -> list[str]:
     """Write report.json and progress.json under ``results`` and patch ``configmap`` through ``api``; returns the
     problems met (each one line), none of which stops the others. ``limits``: spec.expect's, checked here;
-    ``expect_outcome``: spec.expect.outcome; ``log``: the job's log so far (where Ray's memory monitor's error is)."""
+    ``expect_outcome``: spec.expect.outcome; ``log``: the job's log so far (where Ray's memory monitor's error is);
+    ``enforce``: spec.expect.enforce (false: shadow mode, recorded in report.json's ``enforced``)."""
     probe_folder = os.path.join(results, PROBE_FOLDER)
     peak = memory_peak(probe_folder)  # None when the folder is missing or empty
     out_of_memory = oom.out_of_memory(probe_folder, exit_code, log)
     finished = now_rfc3339()
     document = report(job, backend, script, exit_code, total, peak, finished, limits, out_of_memory, expect_outcome,
                       preflight(results))
+    if document.get("expectations") is not None:
+        document["enforced"] = enforce
     text = json.dumps(progress(exit_code, script, total, peak, finished, document.get("expectations"),
-                               out_of_memory, document["outcome"]), sort_keys=True, allow_nan=False)
+                               out_of_memory, document["outcome"], enforce), sort_keys=True, allow_nan=False)
     problems = []
     try:
         os.makedirs(results, exist_ok=True)
@@ -215,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="spec.expect.maxPeakMemoryGiB: the verdict on the probe's peak")
     parser.add_argument("--expect-outcome", choices=("fits", "outOfMemory"), default=None,
                         help="spec.expect.outcome: the verdict on the run's outcome")
+    parser.add_argument("--shadow", action="store_true",
+                        help="spec.expect.enforce: false: the verdict is recorded, a failed check fails nothing")
     parser.add_argument("--log", default=None,
                         help="the script's log (default: the Ray job's own log, found from Ray's job environment)")
     args = parser.parse_args(argv)
@@ -227,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             log = ""
     problems = publish(args.results, args.job, args.backend, args.script, args.exit_code, args.total,
-                       args.configmap, api, limits, args.expect_outcome, log)
+                       args.configmap, api, limits, args.expect_outcome, log, enforce=not args.shadow)
     for problem in problems:
         print(f"forge-replay: {problem} (the job's outcome is the script's)", file=sys.stderr)
     if not problems:

@@ -10,15 +10,17 @@ import sys
 
 import click
 
+from forge_replay.api.metrics import GATED_METRICS, MEASURED_METRICS, MEMORY_METRICS
 from forge_replay.api.spec_parts import ROLLOUT_METRICS, BaselineSpec
 from forge_replay.verdict.baseline import (
-    ANNOTATIONS_LIMIT, CONFIGMAP_LIMIT, applied_size, baseline_configmap, baseline_content, name_problems,
-    not_a_baseline, to_yaml,
+    ANNOTATIONS_LIMIT, CONFIGMAP_LIMIT, KEPT, applied_size, baseline_configmap, baseline_content, name_problems,
+    several_runs_problems, to_yaml,
 )
 from forge_replay.verdict.checks import compare_reports, first_failure
 from forge_replay.verdict.compare import fmt, fmt_rel, rollout_differences
 from forge_replay.verdict.identity import environment_differences, identity_differences
 from forge_replay.verdict.reports import BASELINE_KEY, ReportUnreadable, read_report, unusable_reason
+from forge_replay.verdict.statistics import history_content
 
 EXIT_OK, EXIT_DIFFERENT, EXIT_UNUSABLE = 0, 3, 2
 
@@ -133,36 +135,49 @@ def _table(a: str, b: str, run: dict, base: dict, names: list[str], rtol: float,
 
 
 @report.command()
-@click.argument("report_file", metavar="REPORT.json", type=click.Path(dir_okay=False))
+@click.argument("report_files", metavar="REPORT.json...", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--name", required=True, help="The ConfigMap's name (spec.expect.baseline.configMapName).")
 @click.option("--namespace", default=None, help="Its namespace (default: none written, kubectl's or Argo CD's).")
-def baseline(report_file: str, name: str, namespace: str | None) -> None:
+@click.option("--statistics", is_flag=True,
+              help="Write the per-rollout statistics, step times and memory peaks of a several-run baseline even for "
+              "one report (a band of spec.expect.baseline.bands on memory or step time needs them).")
+def baseline(report_files: tuple[str, ...], name: str, namespace: str | None, statistics: bool) -> None:
     """Print a ConfigMap holding what a comparison needs of REPORT.json (data key report.json: its verdict fields,
     identity, environment and per-rollout metrics), ready to commit to Git.
 
-    Refused (exit 2): a report that cannot be read or is not usable (a run that did not finish, stopped early,
-    has non-finite values, failed its own expectations or names no job), a name or namespace the API server
-    refuses, or a baseline over the 1 MiB a ConfigMap holds (put the report on a PVC and use
-    spec.expect.baseline.claimName + path). One over 256 KiB is printed with a warning: apply it server-side.
+    Several reports of one identity (the replayed data, model and the settings that change the numbers; the job's
+    name does not count) make one baseline of their statistics: per rollout and metric (step times and memory
+    too) the runs' mean, min, max, spread and count, and per rank the runs' memory peaks, which the bands of
+    spec.expect.baseline read. One report (without --statistics) makes the one-run baseline.
+
+    Refused (exit 2), naming the file: a report that cannot be read or is not usable (a run that did not finish,
+    stopped early, has non-finite values, failed its own expectations or names no job), a run of another identity
+    or given twice, a name or namespace the API server refuses, or a baseline over the 1 MiB a ConfigMap holds
+    (put the report on a PVC and use spec.expect.baseline.claimName + path). One over 256 KiB is printed with a
+    warning: apply it server-side.
     """
     err = lambda msg: click.echo(msg, err=True)  # noqa: E731
     problems = name_problems(name, namespace)
-    try:
-        doc = read_report(report_file)
-    except ReportUnreadable as exc:
-        problems.append(str(exc))
-    else:
-        problem = not_a_baseline(doc, report_file)
-        if problem:
-            problems.append(problem)
+    docs = []
+    for path in report_files:
+        try:
+            docs.append((path, read_report(path)))
+        except ReportUnreadable as exc:
+            problems.append(str(exc))
+    problems += several_runs_problems(docs)
     if problems:
         for line in problems:
             err(line)
         sys.exit(EXIT_UNUSABLE)
-    configmap = baseline_configmap(baseline_content(doc, ROLLOUT_METRICS), name, namespace)
+    if len(docs) == 1 and not statistics:
+        content = baseline_content(docs[0][1], ROLLOUT_METRICS)
+    else:
+        content = history_content([doc for _, doc in docs], GATED_METRICS, MEMORY_METRICS, KEPT, MEASURED_METRICS)
+    configmap = baseline_configmap(content, name, namespace)
     size = len(configmap["data"][BASELINE_KEY].encode("utf-8"))
+    what = ", ".join(report_files)
     if size > CONFIGMAP_LIMIT - 4096:
-        err(f"{report_file}: its baseline is {size} bytes, more than a ConfigMap holds (1 MiB); copy the report to a "
+        err(f"{what}: its baseline is {size} bytes, more than a ConfigMap holds (1 MiB); copy the report to a "
             "PVC and use spec.expect.baseline.claimName + path")
         sys.exit(EXIT_UNUSABLE)
     if applied_size(configmap) > ANNOTATIONS_LIMIT - 4096:

@@ -9,7 +9,7 @@ Conditions are written for kstatus (Flux) and Argo CD health checks:
 - ``Stalled``: True when the job failed or a change cannot be applied (the desired state is unreachable).
 - ``SpecValid``, ``DumpsVerified``, ``ClusterReady``: what stands between the spec and a running job.
 - ``ExpectationsMet`` (with ``spec.expect``): the verdict the runtime recorded (``status.expectations``); False fails
-  the job with reason ``ExpectationsNotMet`` and the first failure.
+  the job with reason ``ExpectationsNotMet`` and the first failure (``controller.shadow``: not with enforce false).
 - ``status.outcome`` / ``status.outOfMemory`` (``controller.out_of_memory``): an out-of-memory fails the job with
   reason ``OutOfMemory`` (it succeeds when spec.expect.outcome is outOfMemory).
 
@@ -30,6 +30,7 @@ from forge_replay.controller import out_of_memory
 from forge_replay.controller.head_pod import head_pod_loss
 from forge_replay.controller.out_of_memory import Finding
 from forge_replay.controller.naming import results_folder
+from forge_replay.controller.shadow import EXPECTATIONS_NOT_MET, fails_the_job, shadowed
 from forge_replay.verdict.checks import missing_verdict
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -148,7 +149,7 @@ def status_from(
     found = out_of_memory.finding(job, previous, progress, ray_pods, run.phase) if launched else Finding()
     expectations = out_of_memory.with_outcome_check(_expectations(progress, previous), job.spec.expect, found.outcome)
     unmet = _unmet(job.spec, expectations, run.phase)
-    if unmet is not None:  # the run ended, but spec.expect is not met (or was never checked): the job fails
+    if fails_the_job(job.spec.expect, unmet):  # the run ended, spec.expect not met (or never checked): it fails
         run = replace(run, phase="Failed", reason=EXPECTATIONS_NOT_MET, message=f"expectation not met: {unmet}")
     run = _out_of_memory(job, run, found, unmet, previous, progress)
     if run.phase in TERMINAL_PHASES:
@@ -158,7 +159,7 @@ def status_from(
     conditions["DumpsVerified"] = _dumps_verified(job, verify, verify_message, rayjob is not None or launched_before)
     conditions["ClusterReady"] = run.cluster
     if job.spec.expect is not None:
-        conditions[EXPECTATIONS_MET] = _expectations_met(expectations, unmet, run.phase)
+        conditions[EXPECTATIONS_MET] = shadowed(_expectations_met(expectations, unmet, run.phase), job.spec.expect)
 
     rj_status = (rayjob or {}).get("status") or {}
     # Once the job's objects exist its spec is frozen, in the API server too (the CRD's transition rules).
@@ -643,7 +644,6 @@ def _conditions(
 # ----------------------------------------------------------------------------- spec.expect (issue 17)
 
 EXPECTATIONS_MET = "ExpectationsMet"
-EXPECTATIONS_NOT_MET = "ExpectationsNotMet"
 
 
 def _expectations(progress: ProgressReport | None, previous: dict[str, Any]) -> list[dict[str, Any]] | None:

@@ -299,7 +299,7 @@ class _ReplayRun:
         rank0 = self.group.setup(self.prepared.model_source)[0]
         report.num_params = rank0["num_params"]
         report.environment = environment(spec.trainer.seed, rank0["device_name"], settings.world_size,
-                                         rank0["deterministic"], rank0.get("threads"))
+                                         rank0["deterministic"], rank0.get("threads"), spec)
         if plan.start_engines:
             self.starting(f"starting: waiting for {spec.rollout.num_engines} sglang engine(s)")
         ray.get(rollout_side)
@@ -445,6 +445,7 @@ class _ReplayRun:
         if judged and spec.expect is not None:  # the verdict on a run that finished (or was stopped, or ran out
             checks, warnings = verdict(report.to_dict(), spec, self.config.baseline_path)  # of memory: its outcome)
             report.expectations = [c.to_dict() for c in checks]
+            report.enforced = spec.expect.enforce
             report.warnings += warnings
         self.publish(report.completed)  # a step trained but stopped in its weight push counts in both files
         if self.manager is not None and self.plan.start_engines:

@@ -1,6 +1,7 @@
 """What a trainer rank records about itself for a baseline comparison: torch's deterministic settings (debug
-replay turns them on) and its thread settings. report.json's ``environment`` is built from these
-(``forge_replay.verdict.identity.ENVIRONMENT_KEYS`` names its fields)."""
+replay turns them on) and its thread settings. report.json's ``environment`` is built from these, with the versions
+and settings that explain a run that moved (``forge_replay.verdict.identity.ENVIRONMENT_KEYS`` names its fields;
+``forge_replay.verdict.explain`` compares them)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ def thread_settings() -> dict:
             **{name: os.environ.get(name) for name in THREAD_VARIABLES}}
 
 
-def environment(seed: int, device: str, world_size: int, deterministic: dict | None, threads: dict | None) -> dict:
-    """report.json's ``environment``: what a baseline comparison needs to be meaningful."""
+def environment(seed: int, device: str, world_size: int, deterministic: dict | None, threads: dict | None,
+                spec=None) -> dict:
+    """report.json's ``environment``: what a baseline comparison needs to be meaningful, and what explains a run
+    that moved (issue 35): the CUDA and sglang versions, the GPU product (``device``), and with the job's ``spec``
+    (:func:`run_settings`) the engine arguments and the trainer settings that change memory but not the numbers."""
     from forge_replay import __version__
 
     return {
@@ -53,7 +57,34 @@ def environment(seed: int, device: str, world_size: int, deterministic: dict | N
         "world_size": world_size,
         "deterministic": deterministic or {},
         "threads": threads or {},
+        "cuda": _cuda_version(),
+        "sglang": _version("sglang"),
+        **(run_settings(spec) if spec is not None else {}),
     }
+
+
+def run_settings(spec) -> dict:
+    """What of the job's spec changes memory or speed but not the numbers a baseline compares: the trainer's
+    gradient checkpointing and micro-batch tokens, its image (slime / miles), and in forge mode the sglang engines'
+    arguments and how many GPUs each has."""
+    t = spec.trainer
+    out: dict = {"trainer": {"gradient_checkpointing": t.gradient_checkpointing,
+                             "micro_batch_tokens": t.micro_batch_tokens}}
+    if t.image:
+        out["images"] = {"trainer": t.image}
+    if spec.rollout is not None:
+        out["engine_args"] = dict(spec.rollout.engine_args)
+        out["engines"] = {"num_gpus_per_engine": spec.rollout.num_gpus_per_engine, "colocate": spec.rollout.colocate}
+    return out
+
+
+def _cuda_version() -> str | None:
+    """torch.version.cuda (None for a CPU build, or without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.version.cuda
 
 
 def _version(package: str) -> str | None:

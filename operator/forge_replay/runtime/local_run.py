@@ -295,3 +295,5 @@ def exit_by_outcome(inputs: RunInputs, report) -> None:
     elif code != EXIT_OK:
         err(f"forge-replay run {inputs.file}: {why}")
         sys.exit(code)
+    elif why:  # a verdict not met in shadow mode: said, not enforced
+        err(f"forge-replay run {inputs.file}: warning: {why}")

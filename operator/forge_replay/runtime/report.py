@@ -111,6 +111,9 @@ class RunReport:
     expectations: list[dict] | None = None
     """The verdict on spec.expect, one entry per check (``forge_replay.verdict.checks.Check``); None without
     spec.expect."""
+    enforced: bool | None = None
+    """spec.expect.enforce when the verdict was decided: false, shadow mode (recorded, the run still succeeds:
+    ``forge_replay.verdict.shadow``); None without a verdict."""
     preflight: dict | None = None
     """What the pre-flight checked before the run: dump files ``verified`` and ``trusted`` (from the verify Job's
     record), ``seconds``, the ``record`` and why it was not used (``note``); None with spec.replay.verify false."""

@@ -27,16 +27,20 @@ LOCAL_STATE = ".forge-replay"
 
 
 def exit_status(report) -> tuple[int, str | None]:
-    """How a run that returned its report (``RunReport``) exits, and the line that says why (None for 0):
-    4 out of memory (0 when spec.expect.outcome expects it), 3 an expectation of spec.expect not met, else 0."""
+    """How a run that returned its report (``RunReport``) exits, and the line that says why (None for 0, but for
+    a verdict not met in shadow mode): 4 out of memory (0 when spec.expect.outcome expects it), 3 an expectation of
+    spec.expect not met (0 with spec.expect.enforce false: ``forge_replay.verdict.shadow``), else 0."""
     from forge_replay.verdict.outcome import outcome_expected
     from forge_replay.verdict.run import unmet
+    from forge_replay.verdict.shadow import shadow_line
 
     if report.outcome == "outOfMemory":
         if outcome_expected(report.expectations):
             return EXIT_OK, None
         return EXIT_OUT_OF_MEMORY, report.error
     why = unmet(report)
+    if why and report.enforced is False:
+        return EXIT_OK, shadow_line(why)
     return (EXIT_EXPECTATIONS, why) if why else (EXIT_OK, None)
 
 

@@ -7,6 +7,10 @@
 - :mod:`.outcome`: a run's outcome (fits, overBudget, outOfMemory, failed) and spec.expect.outcome's check.
 - :mod:`.checks`: the checks of spec.expect (:func:`.checks.check_report`), the outcome's last.
 - :mod:`.baseline`: the baseline ConfigMap (what a comparison needs, sized for client-side apply).
+- :mod:`.statistics`: a baseline of several runs of one identity (per-rollout and per-rank statistics).
+- :mod:`.bands`: bands around those statistics and windows over a run's rollouts; :mod:`.explain`: what differs
+  between a run and its references.
+- :mod:`.shadow`: whether an unmet verdict fails the job (spec.expect.enforce).
 - :mod:`.run`: the verdict as ``forge-replay run`` and the in-cluster runtime use it.
 
 The runtime (driver, ``python -m forge_replay.runtime``), the slime / miles publish step, the operator and

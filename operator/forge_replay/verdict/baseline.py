@@ -13,6 +13,7 @@ import re
 
 from forge_replay.verdict.identity import another_job, identity_of
 from forge_replay.verdict.reports import BASELINE_KEY, ReportUnreadable, parse_report, unusable_reason, usable_or_raise
+from forge_replay.verdict.statistics import identity_problem
 
 CONFIGMAP_LIMIT = 1024 * 1024
 """The API server refuses a ConfigMap whose data is over 1 MiB (etcd's object size)."""
@@ -38,6 +39,31 @@ def baseline_content(doc: dict, metrics: tuple[str, ...]) -> dict:
     present = [m for m in metrics if any(m in r for r in doc["rollouts"])]
     out["rollouts"] = {name: [r.get(name) for r in doc["rollouts"]] for name in ("rollout_id", *present)}
     return out
+
+
+def several_runs_problems(docs: list[tuple[str, dict]]) -> list[str]:
+    """Why the reports (``(where, parsed report)``) cannot make one baseline, one line each naming its file: a
+    report that is no baseline (:func:`not_a_baseline`), a run of another identity than the first usable one
+    (:func:`forge_replay.verdict.statistics.identity_problem`: the job's name does not count), or a run given
+    twice."""
+    problems, first, seen = [], None, {}
+    for where, doc in docs:
+        why = not_a_baseline(doc, where)
+        if why:
+            problems.append(why)
+            continue
+        run = (doc.get("job"), doc.get("started_at"))
+        if run in seen:
+            problems.append(f"{where}: the same run as {seen[run]} (job {run[0]}, started {run[1]})")
+            continue
+        seen[run] = where
+        if first is None:
+            first = (where, doc)
+            continue
+        other = identity_problem(doc, where, first[1], first[0])
+        if other:
+            problems.append(other)
+    return problems
 
 
 def baseline_text(content: dict) -> str:
@@ -101,7 +127,7 @@ def baseline_configmap(content: dict, name: str, namespace: str | None) -> dict:
         "forgereplay.io/baseline-of": str(content.get("job")),
         "forgereplay.io/recorded-at": str(content.get("started_at")),
         "forgereplay.io/environment": ", ".join(f"{k}={env[k]}" for k in sorted(env)
-                                                if k not in ("deterministic", "threads")),
+                                                if not isinstance(env[k], (dict, list))),
     }
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
             "data": {BASELINE_KEY: baseline_text(content)}}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from forge_replay.verdict.bands import band_checks, band_name, window_checks
 from forge_replay.verdict.compare import fmt, fmt_rel, number, rollout_differences
 from forge_replay.verdict.identity import another_job
 from forge_replay.verdict.outcome import outcome_check, outcome_of
@@ -39,6 +40,9 @@ class Limits:
     baseline: Any = None
     outcome: str | None = None
     """spec.expect.outcome: fits or outOfMemory."""
+    windows: tuple = ()
+    enforce: bool = True
+    """spec.expect.enforce: false records the verdict without failing the job (:mod:`.shadow`)."""
 
 
 # ------------------------------------------------------------------------------------------ figures
@@ -61,7 +65,8 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
     """Every check ``expect`` (an ``ExpectSpec``) asks for: ``finiteMetrics`` (any expectation brings it: a run
     whose loss or grad norm went NaN or infinite passes no gate), then in the order the API lists them
     maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, and for a baseline ``baseline.identity`` when the
-    baseline replayed another mode or model, then one ``baseline.<metric>`` per metric.
+    baseline replayed another mode or model, then one ``baseline.<metric>`` per metric and one per band
+    (:func:`.bands.band_checks`), then one ``window.<statistic>.<metric>`` per window (:func:`.bands.window_checks`).
 
     ``baseline`` is the baseline report (one that is not usable, :func:`unusable_reason`, fails every baseline
     check saying why); ``baseline_problem`` why it could not be read. ``records_losses``: False for a slime /
@@ -96,14 +101,18 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
         if baseline_problem is None:
             why = unusable_reason(baseline)
             baseline_problem = f"the baseline report: {why}" if why else None
+        bands = getattr(b, "bands", None) or []
         if baseline_problem is not None:
-            checks += [Check(f"baseline.{m}", False, metric=m, message=f"baseline cannot be used: {baseline_problem}")
-                       for m in b.metrics]
+            names = [f"baseline.{m}" for m in b.metrics] + [band_name(band) for band in bands]
+            checks += [Check(n, False, metric=n.split(".")[1], message=f"baseline cannot be used: {baseline_problem}")
+                       for n in names]
         else:
             other = another_job(report, baseline, b.allow_different)
             if other:
                 checks.append(Check(IDENTITY_CHECK, False, message=f"the baseline is of another job: {other}"))
             checks += compare_reports(report, baseline, b.metrics, b.rtol, b.atol)
+            checks += band_checks(report, baseline, bands)
+    checks += window_checks(report, getattr(expect, "windows", None) or [])
     if expected:
         checks.append(outcome_check(outcome, expected))
     return checks

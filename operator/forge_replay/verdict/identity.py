@@ -11,10 +11,12 @@ import hashlib
 import json
 
 ENVIRONMENT_KEYS = ("seed", "torch", "transformers", "forge_replay", "device", "world_size", "deterministic",
-                    "threads")
+                    "threads", "cuda", "sglang")
 """What report.json's ``environment`` records for a baseline comparison to be meaningful. ``threads``: on CPU a
 debug replay is bit for bit only at equal thread counts (torch's intra-op threads, OMP_NUM_THREADS,
-MKL_NUM_THREADS)."""
+MKL_NUM_THREADS). ``device`` is the GPU product. With the job's spec the environment also holds what explains a run
+whose memory or speed moved (the runtime's ``run_settings``: the memory-only ``trainer`` settings,
+``images``, ``engine_args``, ``engines``), which :mod:`.explain` compares generically (issue 35)."""
 
 BLOCKING = ("mode", "model")
 """Identity fields whose difference fails a comparison unless it is allowed (``--allow-different``,

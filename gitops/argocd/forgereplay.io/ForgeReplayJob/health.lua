@@ -6,7 +6,9 @@
 --                                               succeeded is Degraded, as kstatus reads Stalled=True: Failed)
 --                                               (an out-of-memory is Failed, reason OutOfMemory: Degraded)
 --   Succeeded                                -> Healthy (a run that ran out of memory as spec.expect.outcome
---                                               expects is Succeeded too; the message ends with the outcome)
+--                                               expects is Succeeded too; the message ends with the outcome;
+--                                               a verdict not met in shadow mode, ExpectationsMet=False reason
+--                                               ExpectationsNotMetShadow, is Healthy and said in the message)
 --   Suspended                                -> Suspended
 --   Pending / Verifying / Launching / Running -> Progressing
 -- A status the operator wrote for an older generation of the spec says nothing about the current
@@ -41,6 +43,15 @@ end
 local function outcome(status)
   if status.outcome ~= nil and status.outcome ~= "" then
     return ", outcome " .. tostring(status.outcome)
+  end
+  return ""
+end
+
+-- A verdict recorded in shadow mode (spec.expect.enforce: false): not met, not enforced.
+local function shadow(status)
+  local met = condition(status, "ExpectationsMet")
+  if met ~= nil and met.status == "False" and met.reason == "ExpectationsNotMetShadow" then
+    return "; " .. first_message(met.message, "expectations not met (shadow mode, not enforced)")
   end
   return ""
 end
@@ -85,7 +96,7 @@ end
 if phase == "Succeeded" then
   hs.status = "Healthy"
   hs.message = first_message(ready and ready.message, status.message, "Replay succeeded") .. progress(status) ..
-    outcome(status)
+    outcome(status) .. shadow(status)
   return hs
 end
 

@@ -1,0 +1,52 @@
+"""What differs between a run and its references (issue 35): the explanation a band's miss carries, from report.json's
+``environment`` (versions, image digests, GPU product, engine arguments, memory-only trainer settings). Generic over
+the environment dict: whatever a later version records is compared the same way."""
+
+from __future__ import annotations
+
+MAX_CHANGES = 6
+"""How many changed settings one message names (then how many more)."""
+
+
+def flatten(env: dict, prefix: str = "") -> dict[str, object]:
+    """``env`` as dotted keys (``trainer.gradient_checkpointing``); lists kept as values."""
+    out: dict[str, object] = {}
+    for key, value in (env or {}).items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "(not recorded)"
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return str(value)
+
+
+def what_changed(run_env: dict, reference_envs: list[dict]) -> str:
+    """The settings of ``run_env`` that none of ``reference_envs`` had (``sglang 0.5.22 -> 0.5.23``; references
+    that disagree among themselves are listed ``{a, b} -> c``), separated by "; "; "" when the run has no environment
+    or none differs. References without an environment are ignored."""
+    mine = flatten(run_env or {})
+    refs = [flatten(e) for e in reference_envs if e]
+    if not mine or not refs:
+        return ""
+    changes = []
+    for key in sorted(set(mine).union(*refs)):
+        value = mine.get(key)
+        seen = []
+        for ref in refs:
+            if ref.get(key) not in seen:
+                seen.append(ref.get(key))
+        if value in seen:
+            continue
+        before = _show(seen[0]) if len(seen) == 1 else "{" + ", ".join(_show(v) for v in seen) + "}"
+        changes.append(f"{key} {before} -> {_show(value)}")
+    if len(changes) > MAX_CHANGES:
+        changes = changes[:MAX_CHANGES] + [f"and {len(changes) - MAX_CHANGES} more setting(s)"]
+    return "; ".join(changes)
