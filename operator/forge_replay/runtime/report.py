@@ -114,6 +114,9 @@ class RunReport:
     outcome: str | None = None
     """How the run ended, as a memory test reads it (set when it ends): fits, overBudget, outOfMemory or failed
     (``forge_replay.verdict.outcome.outcome_of``)."""
+    sweep: dict | None = None
+    """With spec.sweep (the sweep's own report.json): every point and the frontier
+    (``forge_replay.verdict.sweep.SweepSearch.summary``), and ``engine_starts``; each point's report is in points/NN."""
     out_of_memory: dict | None = None
     """With outcome outOfMemory, the record of which signal, where, when and how much
     (``forge_replay.api.outcome.OutOfMemory``, snake_case); None otherwise."""

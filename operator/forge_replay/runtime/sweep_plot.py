@@ -1,0 +1,74 @@
+"""frontier.png: a sweep's peaks against its swept axis, the budget line and the out-of-memory points (drawn with
+matplotlib as memory.png is, runtime/report.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from forge_replay.dumps.writing import write_atomically
+
+
+def plot_series(summary: dict) -> tuple[str, dict[str, list[tuple[float, float | None, str]]]]:
+    """The swept (last) axis's field, and per combination of the other axes (its label) the points along it:
+    (value, peak GiB or None, outcome), in increasing value."""
+    swept = summary["axes"][-1]
+    series: dict[str, list[tuple[float, float | None, str]]] = {}
+    for point in summary.get("points") or []:
+        values = point["values"]
+        label = ", ".join(f"{field.rsplit('.', 1)[-1]}={value}" for field, value in values.items()
+                          if field != swept) or "peak"
+        series.setdefault(label, []).append((float(values[swept]), point.get("peak_gib"), point.get("outcome") or ""))
+    return swept, {label: sorted(points) for label, points in series.items()}
+
+
+def write_frontier_plot(summary: dict, path: Path, title: str) -> Path | None:
+    """Write frontier.png: per combination of the other axes, the measured peak per value of the swept axis (a
+    point that ran out of memory is a red cross at the top), the budget and the budget less the headroom (dashed);
+    the frontier's value of each line marked. None when no point was measured."""
+    swept, series = plot_series(summary)
+    if not any(series.values()):
+        return None
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    peaks = [peak for points in series.values() for _, peak, _ in points if peak is not None]
+    budget, limit = summary.get("budget_gib"), summary.get("limit_gib")
+    top = max(peaks + [budget or 0.0, limit or 0.0, 1e-3]) * 1.08
+    frontier = {tuple(sorted((entry.get("at") or {}).items())): entry.get("fits")
+                for entry in summary.get("frontier") or []}
+    for label, points in series.items():
+        measured = [(value, peak) for value, peak, outcome in points if peak is not None and outcome != "outOfMemory"]
+        line = ax.plot([v for v, _ in measured], [p for _, p in measured], marker="o", label=label)[0]
+        oom = [value for value, _, outcome in points if outcome == "outOfMemory"]
+        if oom:
+            ax.scatter(oom, [top] * len(oom), marker="x", s=80, color="red", zorder=3,
+                       label="out of memory" if label == next(iter(series)) else None)
+        at = next((dict(k) for k in frontier if ", ".join(f"{f.rsplit('.', 1)[-1]}={v}" for f, v in k) == label
+                   or (not k and label == "peak")), None)
+        fits = frontier.get(tuple(sorted(at.items()))) if at is not None else None
+        if fits is not None:
+            ax.axvline(fits, color=line.get_color(), linestyle=":", alpha=0.7)
+    if budget is not None:
+        ax.axhline(budget, color="black", linewidth=1, label=f"budget {budget:g} GiB")
+    if limit is not None and limit != budget:
+        ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"budget less headroom {limit:.3g} GiB")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"{swept} (dotted: the frontier, the largest value that fits)")
+    source = summary.get("memory_source")
+    ax.set_ylabel("peak RSS GiB per rank (CPU)" if source == "rss" else "peak memory GiB per rank")
+    ax.set_ylim(0, top * 1.04)
+    ax.set_title(f"{title}: memory frontier ({summary.get('search', 'sweep')}, "
+                 f"{summary.get('points_run', len(summary.get('points') or []))} point(s) run)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    write_atomically(path, png.getvalue())
+    return path
