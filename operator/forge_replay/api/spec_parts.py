@@ -19,6 +19,7 @@ from forge_replay.api.names import (
     SpecInvalid,
     checked_image,
 )
+from forge_replay.api.sweep import FrontierExpectation
 
 MAX_PATH_LENGTH = 4096
 MAX_ARGS = 512  # spec.trainer.args items: bounds the cost of the CRD's CEL rule over them
@@ -524,4 +525,12 @@ class ExpectSpec(ApiModel):
         description="The outcome the run must have: fits (the default meaning of a memory test), or outOfMemory: a "
         "known-too-big configuration must still run out of memory (the job then Succeeds when it does, and fails "
         "when it fits).",
+    )
+    frontier: list[FrontierExpectation] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="With spec.sweep: frontiers the sweep must reach, e.g. {at: {trainer.microBatchTokens: 32768}, "
+        "fits: {replay.stretch.maxTokens: 65536}}: at that value of every other axis, the largest value of the last "
+        "axis that fits (it and every smaller one) is at least 65536.",
     )
