@@ -115,8 +115,9 @@ class SweepFrontierEntry(ApiModel):
     at: dict[str, float] = Field(default_factory=dict, description="The other axes' values, by field (empty with one "
                                  "axis).")
     field: str = Field(description="The last axis's field (e.g. replay.stretch.maxTokens).")
-    fits: float | None = Field(default=None, description="The largest value that fits; absent when none does (or "
-                               "not yet known).")
+    value: float | None = Field(default=None, description="The largest value that fits with every smaller one; "
+                                "absent when none does (or none is known yet).")
+    complete: bool = Field(default=False, description="Whether this line's search has finished (else: so far).")
 
 
 class SweepProgress(ApiModel):
@@ -125,8 +126,9 @@ class SweepProgress(ApiModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     points_done: int = Field(default=0, description="Points measured (run, or kept from before a suspend).")
-    points_total: int | None = Field(default=None, description="Points of a full grid (the frontier search runs "
-                                     "fewer).")
+    grid_points: int | None = Field(default=None, description="Points of a full grid (the frontier search runs "
+                                    "fewer).")
+    finished: bool = Field(default=False, description="Whether the search has finished.")
     out_of_memory: int = Field(default=0, description="Points that ran out of memory (recorded; the sweep went on).")
     frontier: list[SweepFrontierEntry] = Field(default_factory=list, description="The frontier so far.")
     summary: str | None = Field(default=None, max_length=512, description="The frontier in one line, e.g. "

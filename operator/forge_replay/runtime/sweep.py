@@ -99,11 +99,19 @@ def load_state(directory: str | None, identity: str) -> SweepState:
     return state
 
 
-def point_result(report: RunReport, values: dict, folder: str | None):
-    """The :class:`~forge_replay.verdict.sweep.PointResult` of one point's run (its report)."""
+def point_result(report: RunReport, values: dict):
+    """The :class:`~forge_replay.verdict.sweep.PointResult` of one point's run (its report): outcome, the largest
+    trainer rank's peak (CUDA reserved on GPU, RSS on CPU), the engines' memory held, each step's time."""
     from forge_replay.verdict.sweep import PointResult
 
-    return PointResult.from_report(report.to_dict(), values=values, folder=folder)
+    peaks = [m.get("peak_reserved_gib") if m.get("peak_reserved_gib") is not None else m.get("peak_rss_gib")
+             for record in report.rollouts for m in record.memory]
+    peaks = [p for p in peaks if p is not None]
+    return PointResult(
+        values=dict(values), outcome=report.outcome or "failed", peak_rank_gib=max(peaks) if peaks else None,
+        peak_engine_gib=(report.engines or {}).get("memory_held_gib"),
+        step_seconds=[round(r.step_seconds, 4) for r in report.rollouts], message=report.error or "",
+    )
 
 
 class SweepRun:
@@ -151,6 +159,9 @@ class SweepRun:
         from forge_replay.verdict.sweep import SweepSearch
 
         self.search = SweepSearch(self.sweep, self.budget_gib())
+        if self.state.points:
+            log.info("sweep: %d point(s) finished by an earlier run of this job in %s are kept", len(self.state.points),
+                     self.config.results_dir)
         return self.search
 
     def next_point(self) -> tuple[dict | None, dict | None]:
@@ -214,7 +225,7 @@ class SweepRun:
             log.warning("sweep point %d (%s): out of memory outside the trainer: the engines start anew", index, named)
             self.stop_engines()  # an engine (or the head) that ran out is not one to keep using
         self.rollouts_done += report.completed
-        result = point_result(report, values, folder)
+        result = point_result(report, values)
         log.info("sweep point %d (%s): %s in %.1f s", index, named, getattr(result, "outcome", "?"),
                  time.perf_counter() - began)
         if report.num_params:
@@ -225,30 +236,57 @@ class SweepRun:
     def record(self, index: int, values: dict, result) -> None:
         """The search learns the point; sweep.json keeps it; progress says it."""
         self.search.record(values, result)
-        self.state.points.append({"index": index, "values": values, "result": result_dict(result)})
+        folder = os.path.join(POINTS_DIR, f"{index:02d}")
+        self.state.points.append({"index": index, "values": values, "folder": folder, "result": result_dict(result)})
         self.state.save(self.config.results_dir)
         self.publish()
 
     def publish(self) -> None:
         """The sweep's progress (progress.json, and the ConfigMap in-cluster): points done, the frontier so far."""
         from forge_replay.api.progress_report import ProgressReport
-        from forge_replay.api.status import SweepProgress
-
         summary = self.search.summary()
         self.publisher.publish(ProgressReport(
-            completed=self.rollouts_done, total=self.rollouts_done, sweep=SweepProgress.from_summary(summary)))
+            completed=self.rollouts_done, total=self.rollouts_done, sweep=sweep_progress(summary)))
 
 
 def result_dict(result) -> dict:
     """A PointResult as sweep.json keeps it."""
-    return result.to_dict()
+    from dataclasses import asdict
+
+    return asdict(result)
 
 
 def result_from(doc: dict):
-    """A PointResult read back from sweep.json."""
+    """A PointResult read back from sweep.json (fields it does not know are left out)."""
+    from dataclasses import fields
+
     from forge_replay.verdict.sweep import PointResult
 
-    return PointResult.from_dict(doc)
+    known = {f.name for f in fields(PointResult)}
+    return PointResult(**{name: value for name, value in doc.items() if name in known})
+
+
+def sweep_progress(summary: dict):
+    """status.sweep from report.json's ``sweep`` (:meth:`SweepSearch.summary`)."""
+    from forge_replay.api.status import SweepFrontierEntry, SweepProgress
+
+    frontier = [SweepFrontierEntry(at={k: float(v) for k, v in f["at"].items()}, field=f["field"],
+                                   value=None if f["value"] is None else float(f["value"]), complete=f["complete"])
+                for f in summary["frontier"]]
+    return SweepProgress(
+        points_done=summary["points_run"], grid_points=summary["grid_points"], finished=summary["finished"],
+        out_of_memory=sum(p["outcome"] == "outOfMemory" for p in summary["points"]),
+        frontier=frontier, summary=frontier_line(summary)[:512])
+
+
+def frontier_line(summary: dict) -> str:
+    """The frontier in one line: ``replay.stretch.maxTokens <= 65536 at trainer.microBatchTokens=4096; ...``."""
+    parts = []
+    for f in summary["frontier"]:
+        value = "none fits" if f["value"] is None else f"<= {f['value']}"
+        at = f" at {describe(f['at'])}" if f["at"] else ""
+        parts.append(f"{f['field'].rsplit('.', 1)[-1]} {value}{at}{'' if f['complete'] else ' (so far)'}")
+    return "; ".join(parts)
 
 
 def describe(values: dict) -> str:
@@ -308,7 +346,7 @@ def run_sweep(config, *, fixed_cluster: bool = False, console=None, show_progres
         finish_sweep(run, stopped_by)
     from forge_replay.verdict.sweep import sweep_table
 
-    console.print(sweep_table(report.sweep))
+    console.print(sweep_table(report.sweep), markup=False, highlight=False)
     if report.expectations is not None:
         from forge_replay.verdict.run import render_verdict
 
@@ -337,7 +375,7 @@ def finish_sweep(run: SweepRun, stopped_by) -> None:
     if expected and report.error is None:
         from forge_replay.verdict.sweep import frontier_check
 
-        report.expectations = [c.to_dict() for c in frontier_check(report.sweep, expected)]
+        report.expectations = [frontier_check(expected, report.sweep).to_dict()]
     directory = run.config.results_dir
     if not directory:
         return

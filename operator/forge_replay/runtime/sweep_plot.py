@@ -8,25 +8,30 @@ from pathlib import Path
 from forge_replay.dumps.writing import write_atomically
 
 
-def plot_series(summary: dict) -> tuple[str, dict[str, list[tuple[float, float | None, str]]]]:
-    """The swept (last) axis's field, and per combination of the other axes (its label) the points along it:
-    (value, peak GiB or None, outcome), in increasing value."""
-    swept = summary["axes"][-1]
-    series: dict[str, list[tuple[float, float | None, str]]] = {}
-    for point in summary.get("points") or []:
-        values = point["values"]
-        label = ", ".join(f"{field.rsplit('.', 1)[-1]}={value}" for field, value in values.items()
-                          if field != swept) or "peak"
-        series.setdefault(label, []).append((float(values[swept]), point.get("peak_gib"), point.get("outcome") or ""))
-    return swept, {label: sorted(points) for label, points in series.items()}
+def _label(at: dict) -> str:
+    return ", ".join(f"{field.rsplit('.', 1)[-1]}={value:g}" for field, value in at.items()) or "peak"
+
+
+def plot_series(summary: dict) -> tuple[str, list[tuple[str, float | None, list[tuple[float, float | None, str]]]]]:
+    """The swept (last) axis's field, and per line of the sweep (a combination of the other axes): its label, its
+    frontier so far, and its measured points (value, peak GiB or None, outcome) in increasing value."""
+    swept = summary["axes"][-1]["field"]
+    lines = []
+    for entry in summary.get("frontier") or []:
+        at = {k: float(v) for k, v in (entry.get("at") or {}).items()}
+        points = sorted((float(p["values"][swept]), p.get("peak_gib"), p.get("outcome") or "")
+                        for p in summary.get("points") or []
+                        if {k: float(v) for k, v in p["values"].items() if k != swept} == at)
+        lines.append((_label(at), entry.get("value"), points))
+    return swept, lines
 
 
 def write_frontier_plot(summary: dict, path: Path, title: str) -> Path | None:
     """Write frontier.png: per combination of the other axes, the measured peak per value of the swept axis (a
     point that ran out of memory is a red cross at the top), the budget and the budget less the headroom (dashed);
     the frontier's value of each line marked. None when no point was measured."""
-    swept, series = plot_series(summary)
-    if not any(series.values()):
+    swept, lines = plot_series(summary)
+    if not any(points for _, _, points in lines):
         return None
     import io
 
@@ -36,23 +41,20 @@ def write_frontier_plot(summary: dict, path: Path, title: str) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    peaks = [peak for points in series.values() for _, peak, _ in points if peak is not None]
+    peaks = [peak for _, _, points in lines for _, peak, _ in points if peak is not None]
     budget, limit = summary.get("budget_gib"), summary.get("limit_gib")
     top = max(peaks + [budget or 0.0, limit or 0.0, 1e-3]) * 1.08
-    frontier = {tuple(sorted((entry.get("at") or {}).items())): entry.get("fits")
-                for entry in summary.get("frontier") or []}
-    for label, points in series.items():
+    oom_said = False
+    for label, fits, points in lines:
         measured = [(value, peak) for value, peak, outcome in points if peak is not None and outcome != "outOfMemory"]
         line = ax.plot([v for v, _ in measured], [p for _, p in measured], marker="o", label=label)[0]
         oom = [value for value, _, outcome in points if outcome == "outOfMemory"]
         if oom:
             ax.scatter(oom, [top] * len(oom), marker="x", s=80, color="red", zorder=3,
-                       label="out of memory" if label == next(iter(series)) else None)
-        at = next((dict(k) for k in frontier if ", ".join(f"{f.rsplit('.', 1)[-1]}={v}" for f, v in k) == label
-                   or (not k and label == "peak")), None)
-        fits = frontier.get(tuple(sorted(at.items()))) if at is not None else None
+                       label=None if oom_said else "out of memory")
+            oom_said = True
         if fits is not None:
-            ax.axvline(fits, color=line.get_color(), linestyle=":", alpha=0.7)
+            ax.axvline(float(fits), color=line.get_color(), linestyle=":", alpha=0.7)
     if budget is not None:
         ax.axhline(budget, color="black", linewidth=1, label=f"budget {budget:g} GiB")
     if limit is not None and limit != budget:
