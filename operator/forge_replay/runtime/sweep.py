@@ -346,7 +346,7 @@ def run_sweep(config, *, fixed_cluster: bool = False, console=None, show_progres
         finish_sweep(run, stopped_by)
     from forge_replay.verdict.sweep import sweep_table
 
-    console.print(sweep_table(report.sweep), markup=False, highlight=False)
+    console.print(sweep_table(report.sweep), markup=False, highlight=False, soft_wrap=True)
     if report.expectations is not None:
         from forge_replay.verdict.run import render_verdict
 
@@ -380,7 +380,7 @@ def finish_sweep(run: SweepRun, stopped_by) -> None:
     if not directory:
         return
     try:
-        plot = write_frontier_plot(report.sweep, Path(directory) / FRONTIER_PLOT, report.job)
+        plot = write_frontier_plot(report.sweep, Path(directory) / FRONTIER_PLOT, report.job, run.settings.use_gpu)
         report.files = {"report": str(Path(directory) / "report.json"), "frontier_plot": str(plot) if plot else None,
                         "sweep_state": str(Path(directory) / SWEEP_STATE)}
         write_json(report, directory)

@@ -26,7 +26,7 @@ def plot_series(summary: dict) -> tuple[str, list[tuple[str, float | None, list[
     return swept, lines
 
 
-def write_frontier_plot(summary: dict, path: Path, title: str) -> Path | None:
+def write_frontier_plot(summary: dict, path: Path, title: str, on_gpu: bool = False) -> Path | None:
     """Write frontier.png: per combination of the other axes, the measured peak per value of the swept axis (a
     point that ran out of memory is a red cross at the top), the budget and the budget less the headroom (dashed);
     the frontier's value of each line marked. None when no point was measured."""
@@ -59,10 +59,12 @@ def write_frontier_plot(summary: dict, path: Path, title: str) -> Path | None:
         ax.axhline(budget, color="black", linewidth=1, label=f"budget {budget:g} GiB")
     if limit is not None and limit != budget:
         ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"budget less headroom {limit:.3g} GiB")
-    ax.set_xscale("log", base=2)
+    swept_values = [float(v) for v in summary["axes"][-1]["values"]]
+    if min(swept_values) > 0 and max(swept_values) / min(swept_values) >= 4:  # token counts: doublings
+        ax.set_xscale("log", base=2)
     ax.set_xlabel(f"{swept} (dotted: the frontier, the largest value that fits)")
-    source = summary.get("memory_source")
-    ax.set_ylabel("peak RSS GiB per rank (CPU)" if source == "rss" else "peak memory GiB per rank")
+    ax.set_ylabel("peak GiB per GPU (trainer CUDA reserved, or the engines')" if on_gpu
+                  else "peak RSS GiB per trainer rank (CPU)")
     ax.set_ylim(0, top * 1.04)
     ax.set_title(f"{title}: memory frontier ({summary.get('search', 'sweep')}, "
                  f"{summary.get('points_run', len(summary.get('points') or []))} point(s) run)")
