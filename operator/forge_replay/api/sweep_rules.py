@@ -238,9 +238,9 @@ def _frontier_needs_sweep(spec: SpecParts) -> list[Problem]:
     "",
     "!has(self.expect) || !has(self.expect.frontier) || !has(self.sweep) || self.expect.frontier.all(f, "
     "f.fits.all(k, k == self.sweep.axes[size(self.sweep.axes) - 1].field) && "
-    "size(f.at) == size(self.sweep.axes) - 1 && "
-    "f.at.all(k, k != self.sweep.axes[size(self.sweep.axes) - 1].field && "
-    "self.sweep.axes.exists(a, a.field == k)))",
+    "(has(f.at) ? size(f.at) : 0) == size(self.sweep.axes) - 1 && "
+    "(!has(f.at) || f.at.all(k, k != self.sweep.axes[size(self.sweep.axes) - 1].field && "
+    "self.sweep.axes.exists(a, a.field == k))))",
     "spec.expect.frontier: each entry's fits names the sweep's last axis, and at gives a value of every other axis",
     ".expect.frontier",
 )

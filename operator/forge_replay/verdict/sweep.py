@@ -280,7 +280,7 @@ def frontier_check(expect_frontier: list[Any], search: SweepSearch | Mapping[str
     lines, failed = [], []
     first: tuple[float | None, float] | None = None
     for entry in expect_frontier:
-        at = dict(entry["at"] if isinstance(entry, Mapping) else entry.at)
+        at = dict(entry.get("at") or {} if isinstance(entry, Mapping) else entry.at)
         fits = dict(entry["fits"] if isinstance(entry, Mapping) else entry.fits)
         [(field_name, required)] = fits.items()
         where = f"{field_name} at {point_label(at)}" if at else field_name
