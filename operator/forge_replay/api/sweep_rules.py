@@ -184,7 +184,7 @@ def _every_point_valid(spec: SpecParts) -> list[Problem]:
     """Every point's job is valid: the spec with that point's values, validated as any spec (each problem names the
     point and the field). Problems the spec has without the sweep are the other rules' to report, not repeated."""
     sweep = spec.sweep
-    if sweep is None or not _sweep_ok(sweep) or _grid_within_max_points(spec):
+    if sweep is None or spec.trainer.backend != "builtin" or not _sweep_ok(sweep) or _grid_within_max_points(spec):
         return []
     if spec.rollout is None and any(a.field.startswith(ENGINE_ARGS) for a in sweep.axes):
         return []
