@@ -5,12 +5,14 @@ points, report.json's ``sweep``, spec.expect.frontier's check and the table."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forge_replay.api.sweep import SweepSpec, grid_points
+from forge_replay.verdict.checks import check_report
 from forge_replay.verdict.sweep import PointResult, SweepSearch, frontier_check, sweep_table
 
 MBT = "trainer.microBatchTokens"
@@ -170,6 +172,13 @@ def test_expect_frontier_check():
     assert short.message == f"{LEN} at {{{MBT}: 2048}}: frontier 32768 < 65536"
     missing = frontier_check([{"at": {MBT: 4096}, "fits": {LEN: 1024}}], search)
     assert not missing.passed and "not part of the sweep" in missing.message
+    expect = SimpleNamespace(frontier=[{"at": {MBT: 1024}, "fits": {LEN: 65536}}], outcome=None,
+                             max_peak_memory_gib=None, max_fallbacks=None, min_tokens_per_second=None, baseline=None)
+    report = {"partial": False, "rollouts": [], "summary": {}, "sweep": search.summary()}
+    assert check_report(report, expect, records_losses=False) == [ok.__class__(
+        "frontier", True, 65536, 65536, message=f"{LEN} at {{{MBT}: 1024}}: frontier 65536 >= 65536")]
+    [no_sweep] = check_report({**report, "sweep": None}, expect, records_losses=False)
+    assert not no_sweep.passed and "no sweep" in no_sweep.message
 
 
 def test_an_unfinished_sweep_fails_the_check_and_shows_its_frontier_so_far():

@@ -277,6 +277,8 @@ def frontier_check(expect_frontier: list[Any], search: SweepSearch | Mapping[str
     entry, the frontier at ``at`` is complete and at least the value in ``fits``. ``observed`` and ``limit`` are the
     first failing entry's (or the only entry's) frontier and required value."""
     summary = search.summary() if isinstance(search, SweepSearch) else search
+    if not summary:
+        return Check(FRONTIER_CHECK, False, message="the run's report has no sweep: no frontier to check")
     lines, failed = [], []
     first: tuple[float | None, float] | None = None
     for entry in expect_frontier:
