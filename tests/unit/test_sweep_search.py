@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forge_replay.api.sweep import SweepSpec, grid_points
+from forge_replay.api.sweep import SweepSpec, engine_key, grid_points
 from forge_replay.verdict.checks import check_report
 from forge_replay.verdict.sweep import PointResult, SweepSearch, frontier_check, sweep_table
 
@@ -121,6 +121,26 @@ def test_grid_measures_every_point_in_order():
     assert found(search) == brute_force(sweep, 4.0, peak) == {(1024,): 4, (2048,): 2}
     summary = search.summary()
     assert (summary["points_run"], summary["grid_points"], summary["finished"]) == (8, 8, True)
+
+
+def engine_starts(order):
+    """How many times the engines start running the points in this order (once more each time their key changes)."""
+    keys = [engine_key(v) for v in order]
+    return sum(1 for i, key in enumerate(keys) if i == 0 or key != keys[i - 1])
+
+
+@pytest.mark.parametrize("search", ["grid", "frontier"])
+def test_points_sharing_the_engines_run_together(search):
+    mem = "rollout.engineArgs.mem-fraction-static"
+    sweep = SweepSpec.model_validate({"search": search, "maxPoints": 64, "headroom": 0, "axes": [
+        {"field": MBT, "values": [1024, 2048]}, {"field": mem, "values": [0.5, 0.6, 0.7]},
+        {"field": LEN, "values": LENGTHS}]})
+    peak = lambda v: v[mem] * 100 + v[MBT] / 1024 * v[LEN] / 4096  # noqa: E731
+    search_run, order = run(sweep, 130.0, peak)
+    assert engine_starts(order) == 3  # one per mem-fraction-static value, though it is not the first axis
+    assert {tuple(f["at"].values()): f["value"] for f in search_run.frontier()} == {
+        (m, f): max(v for v in LENGTHS if peak({MBT: m, mem: f, LEN: v}) <= 130.0)
+        for m in (1024, 2048) for f in (0.5, 0.6, 0.7)}
 
 
 @settings(max_examples=300, deadline=None)

@@ -96,7 +96,8 @@ class SweepSpec(ApiModel):
     )
     search: Literal["grid", "frontier"] = Field(
         default="frontier",
-        description="grid: every point, in order. frontier: for each combination of the other axes, the largest "
+        description="grid: every point, in grid order grouped by engine configuration (the points that share "
+        "rollout.engineArgs values run together: the engines start once per configuration). frontier: for each combination of the other axes, the largest "
         "value of the last axis such that it and every smaller value fit, from a fitted peak = fixed + slope x "
         "value (bisection where the curve is not linear): at most ceil(log2 n) + 3 points on an axis of n >= 8 "
         "values.",
