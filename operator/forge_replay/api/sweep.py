@@ -96,7 +96,8 @@ class SweepSpec(ApiModel):
     )
     search: Literal["grid", "frontier"] = Field(
         default="frontier",
-        description="grid: every point, in order. frontier: for each combination of the other axes, the largest "
+        description="grid: every point, in grid order grouped by engine configuration (the points that share "
+        "rollout.engineArgs values run together: the engines start once per configuration). frontier: for each combination of the other axes, the largest "
         "value of the last axis such that it and every smaller value fit, from a fitted peak = fixed + slope x "
         "value (bisection where the curve is not linear): at most ceil(log2 n) + 3 points on an axis of n >= 8 "
         "values.",
@@ -158,24 +159,29 @@ def tidy(value: float) -> Value:
     return int(rounded) if rounded.is_integer() else rounded
 
 
-def axis_problem(axis: SweepAxis) -> str | None:
-    """Why ``axis`` gives no values (both forms or neither, max < min, values not strictly increasing, too many
-    values), or None. The rules in ``sweep_rules`` report it with the axis's path."""
+AxisProblemKind = Literal["form", "range", "order", "length"]
+"""Which of an axis's rules it breaks: one form (values, or min, max and factor), max >= min, values strictly
+increasing, at most MAX_AXIS_VALUES values."""
+
+
+def axis_problem(axis: SweepAxis) -> tuple[AxisProblemKind, str] | None:
+    """Why ``axis`` gives no values, and which rule that is; None when it is well formed. The rules in
+    ``sweep_rules`` report it with the axis's path."""
     geometric = (axis.min, axis.max, axis.factor)
     if axis.values is not None and any(v is not None for v in geometric):
-        return "give either values or min, max and factor, not both"
+        return "form", "give either values or min, max and factor, not both"
     if axis.values is None:
         if any(v is None for v in geometric):
-            return "needs values, or all of min, max and factor"
+            return "form", "needs values, or all of min, max and factor"
         assert axis.min is not None and axis.max is not None and axis.factor is not None
         if axis.max < axis.min:
-            return f"max {tidy(axis.max)} is below min {tidy(axis.min)}"
+            return "range", f"max {tidy(axis.max)} is below min {tidy(axis.min)}"
         count = _geometric_count(axis.min, axis.max, axis.factor)
         if count > MAX_AXIS_VALUES:
-            return f"min, max and factor give {count} values; at most {MAX_AXIS_VALUES}"
+            return "length", f"min, max and factor give more than {MAX_AXIS_VALUES} values; at most {MAX_AXIS_VALUES}"
         return None
     if any(b <= a for a, b in itertools.pairwise(axis.values)):
-        return "values must be strictly increasing"
+        return "order", "values must be strictly increasing"
     return None
 
 
@@ -191,7 +197,7 @@ def axis_values(axis: SweepAxis) -> list[Value]:
     """The values of ``axis``, increasing: its list, or min, min x factor, ... <= max; each ``tidy``."""
     problem = axis_problem(axis)
     if problem is not None:
-        raise SpecInvalid([Problem("spec.sweep.axes", f"{axis.field}: {problem}")])
+        raise SpecInvalid([Problem("spec.sweep.axes", f"{axis.field}: {problem[1]}")])
     if axis.values is not None:
         return [tidy(v) for v in axis.values]
     assert axis.min is not None and axis.max is not None and axis.factor is not None

@@ -14,6 +14,7 @@ from forge_replay.api.sweep import (
     ENGINE_ARGS,
     MAX_AXES,
     MAX_AXIS_VALUES,
+    AxisProblemKind,
     PointInvalid,
     SweepSpec,
     axis_problem,
@@ -73,7 +74,7 @@ def _cpu_needs_budget(spec: SpecParts) -> list[Problem]:
     ".axes",
 )
 def _axis_one_form(spec: SpecParts) -> list[Problem]:
-    return _axis_problems(spec, lambda problem: "values" in problem and "min" in problem)
+    return _axis_problems(spec, "form")
 
 
 @_rule(
@@ -83,7 +84,7 @@ def _axis_one_form(spec: SpecParts) -> list[Problem]:
     ".axes",
 )
 def _axis_min_max(spec: SpecParts) -> list[Problem]:
-    return _axis_problems(spec, lambda problem: "is below min" in problem)
+    return _axis_problems(spec, "range")
 
 
 @_rule(
@@ -94,24 +95,25 @@ def _axis_min_max(spec: SpecParts) -> list[Problem]:
     ".axes",
 )
 def _axis_increasing(spec: SpecParts) -> list[Problem]:
-    return _axis_problems(spec, lambda problem: "strictly increasing" in problem)
+    return _axis_problems(spec, "order")
 
 
 @_rule("sweep", None, f"spec.sweep.axes: at most {MAX_AXIS_VALUES} values per axis, a geometric one's too "
        "(min, max and factor)", ".axes")
 def _axis_length(spec: SpecParts) -> list[Problem]:
     # A geometric axis's length is floor(log(max / min) / log(factor)) + 1: CEL has no logarithm.
-    return _axis_problems(spec, lambda problem: "give" in problem and "at most" in problem)
+    return _axis_problems(spec, "length")
 
 
-def _axis_problems(spec: SpecParts, which) -> list[Problem]:  # type: ignore[no-untyped-def]
+def _axis_problems(spec: SpecParts, kind: AxisProblemKind) -> list[Problem]:
+    """The problems of that kind of the sweep's axes (``sweep.axis_problem``), each with its axis's path."""
     if spec.sweep is None:
         return []
     problems = []
     for i, axis in enumerate(spec.sweep.axes):
         problem = axis_problem(axis)
-        if problem is not None and which(problem):
-            problems.append(Problem(f"spec.sweep.axes[{i}]", f"{axis.field}: {problem}"))
+        if problem is not None and problem[0] == kind:
+            problems.append(Problem(f"spec.sweep.axes[{i}]", f"{axis.field}: {problem[1]}"))
     return problems
 
 
@@ -184,7 +186,7 @@ def _every_point_valid(spec: SpecParts) -> list[Problem]:
     """Every point's job is valid: the spec with that point's values, validated as any spec (each problem names the
     point and the field). Problems the spec has without the sweep are the other rules' to report, not repeated."""
     sweep = spec.sweep
-    if sweep is None or not _sweep_ok(sweep) or _grid_within_max_points(spec):
+    if sweep is None or spec.trainer.backend != "builtin" or not _sweep_ok(sweep) or _grid_within_max_points(spec):
         return []
     if spec.rollout is None and any(a.field.startswith(ENGINE_ARGS) for a in sweep.axes):
         return []
@@ -238,9 +240,9 @@ def _frontier_needs_sweep(spec: SpecParts) -> list[Problem]:
     "",
     "!has(self.expect) || !has(self.expect.frontier) || !has(self.sweep) || self.expect.frontier.all(f, "
     "f.fits.all(k, k == self.sweep.axes[size(self.sweep.axes) - 1].field) && "
-    "size(f.at) == size(self.sweep.axes) - 1 && "
-    "f.at.all(k, k != self.sweep.axes[size(self.sweep.axes) - 1].field && "
-    "self.sweep.axes.exists(a, a.field == k)))",
+    "(has(f.at) ? size(f.at) : 0) == size(self.sweep.axes) - 1 && "
+    "(!has(f.at) || f.at.all(k, k != self.sweep.axes[size(self.sweep.axes) - 1].field && "
+    "self.sweep.axes.exists(a, a.field == k))))",
     "spec.expect.frontier: each entry's fits names the sweep's last axis, and at gives a value of every other axis",
     ".expect.frontier",
 )

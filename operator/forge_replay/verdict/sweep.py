@@ -6,7 +6,7 @@ A point fits when its outcome is neither outOfMemory nor failed and its peak is 
 The frontier, for each combination of the other axes (a "line" along the last axis), is the largest value of the
 last axis such that it and every smaller value fit (None when the smallest does not).
 
-``grid`` measures every point, in order; the frontier is then read off the measurements. ``frontier`` searches
+``grid`` measures every point, in grid order grouped by engine configuration; the frontier is then read off the measurements. ``frontier`` searches
 each line, assuming what fits is monotone along it (a value fits when a larger one does, as memory grows with
 tokens and with mem-fraction-static): it measures the smallest value, then bisects; once two points on the line
 have a measured peak it fits peak = fixed + slope x value through the two largest, predicts the largest value
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from forge_replay.api.outcome import Outcome
-from forge_replay.api.sweep import SweepSpec, Value, axis_values, point_label, tidy
+from forge_replay.api.sweep import SweepSpec, Value, axis_values, engine_key, point_label, tidy
 from forge_replay.verdict.compare import fmt
 from forge_replay.verdict.reports import Check
 
@@ -119,6 +119,8 @@ class SweepSearch:
         self._results: dict[tuple[Value, ...], PointResult] = {}
         self._order: list[tuple[Value, ...]] = []
         self._predictions: dict[tuple[Value, ...], float] = {}
+        self._engines: tuple[tuple[str, Value], ...] | None = None
+        """The engine configuration of the point recorded last."""
 
     # -------------------------------------------------------------- the plan
 
@@ -129,18 +131,29 @@ class SweepSearch:
 
     def next_point(self) -> dict[str, Value] | None:
         """The next point to measure, as {field: value}; None when the sweep is finished. Asking again before
-        recording it gives the same point."""
-        for line in self._lines:
-            index = self._next_index(line)
-            if index is not None:
-                values = {**line.at, self.fields[-1]: line.values[index]}
-                self._predict(line, index)
-                return values
-        return None
+        recording it gives the same point.
+
+        Points that keep the engines of the point recorded last (the same ``engine_key``) come first, so that the
+        engines start once per engine configuration: a grid runs in grid order grouped by engine configuration, a
+        frontier search takes the next point of the first line that keeps the engines, else of the first line."""
+        candidates = [(line, index) for line in self._lines for index in self._next_indexes(line)]
+        if not candidates:
+            return None
+        line, index = next((c for c in candidates if engine_key(self._values(*c)) == self._engines), candidates[0])
+        self._predict(line, index)
+        return self._values(line, index)
+
+    def _values(self, line: _Line, index: int) -> dict[str, Value]:
+        return {**line.at, self.fields[-1]: line.values[index]}
+
+    def _next_indexes(self, line: _Line) -> list[int]:
+        """The indexes the line may measure next: every unmeasured one in a grid, else the search's one."""
+        if self.sweep.search == "grid":
+            return [i for i in range(len(line.values)) if self._result(line, i) is None]
+        index = self._next_index(line)
+        return [] if index is None else [index]
 
     def _next_index(self, line: _Line) -> int | None:
-        if self.sweep.search == "grid":
-            return next((i for i, v in enumerate(line.values) if self._result(line, i) is None), None)
         while line.pending and not line.lo < line.pending[0] < line.hi:
             line.pending.pop(0)
         if line.done:
@@ -206,6 +219,7 @@ class SweepSearch:
             result = replace(result, predicted_gib=self._predictions[key])
         if key not in self._results:
             self._order.append(key)
+        self._engines = engine_key(dict(values))
         self._results[key] = result
         index = line.values.index(key[-1])
         if result.fits(self.limit_gib):
@@ -277,10 +291,12 @@ def frontier_check(expect_frontier: list[Any], search: SweepSearch | Mapping[str
     entry, the frontier at ``at`` is complete and at least the value in ``fits``. ``observed`` and ``limit`` are the
     first failing entry's (or the only entry's) frontier and required value."""
     summary = search.summary() if isinstance(search, SweepSearch) else search
+    if not summary:
+        return Check(FRONTIER_CHECK, False, message="the run's report has no sweep: no frontier to check")
     lines, failed = [], []
     first: tuple[float | None, float] | None = None
     for entry in expect_frontier:
-        at = dict(entry["at"] if isinstance(entry, Mapping) else entry.at)
+        at = dict(entry.get("at") or {} if isinstance(entry, Mapping) else entry.at)
         fits = dict(entry["fits"] if isinstance(entry, Mapping) else entry.fits)
         [(field_name, required)] = fits.items()
         where = f"{field_name} at {point_label(at)}" if at else field_name
