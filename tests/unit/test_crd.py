@@ -70,10 +70,13 @@ def test_resource_names_status_and_columns():
     version = doc["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Reason", "Mode", "Done", "Rollouts", "Peak GiB", "Outcome", "Age"]
+    assert columns == ["Phase", "Reason", "Mode", "Done", "Rollouts", "Peak GiB", "Points", "Frontier", "Outcome",
+                       "Age"]
+    wide_only = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")}
+    assert wide_only == {"Points", "Frontier"}  # a sweep's columns: `kubectl get -o wide`
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-    assert {"phase", "conditions", "observedGeneration", "rollouts", "memory", "outcome", "outOfMemory"} <= set(
-        status["properties"])
+    assert {"phase", "conditions", "observedGeneration", "rollouts", "memory", "outcome", "outOfMemory",
+            "sweep"} <= set(status["properties"])
 
 
 def test_enums_bounds_and_defaults_come_from_the_models():

@@ -118,9 +118,11 @@ def test_the_out_of_memory_micro_batch_asks_for_one_and_a_half_devices(gpu_check
     assert gpu_check.oom_samples(80 * 2**30) == 64
 
 
-def oom_record(signal="cudaAllocator", phase="forward", rollout=0, requested=2**38, snapshot="snap.pickle"):
+def oom_record(signal="cudaAllocator", phase="forward", rollout=0, requested=2**38, snapshot="snap.pickle",
+               others=2**29):
     return {"signal": signal, "when": {"phase": phase, "rollout": rollout}, "snapshot": snapshot,
-            "how_much": {"requested_bytes": requested, "allocated_bytes": 2**30, "reserved_bytes": 2**31}}
+            "how_much": {"requested_bytes": requested, "allocated_bytes": 2**30, "reserved_bytes": 2**31,
+                         "held_by_others_bytes": others}}
 
 
 def snapshot_file(path, actions):
@@ -142,11 +144,13 @@ def test_the_out_of_memory_record_passes_only_as_provoked(gpu_check, tmp_path):
                   ("phase", oom_record(phase="backward"), snapshot),
                   ("requested", oom_record(requested=2**20), snapshot),  # not the logits' allocation
                   ("no bytes", oom_record(requested=None), snapshot),
+                  ("no others", oom_record(others=None), snapshot),
                   ("no snapshot", oom_record(snapshot=None), None),
                   ("no oom in it", oom_record(), snapshot_file(tmp_path / "other.pickle", ["alloc"])),
               ]}
     assert failed == {"signal": ["signal / phase / rollout"], "phase": ["signal / phase / rollout"],
                       "requested": ["bytes requested"], "no bytes": ["bytes requested"],
+                      "no others": ["held by others at the moment"],
                       "no snapshot": ["snapshot"], "no oom in it": ["snapshot"]}
     [fitted] = gpu_check.oom_figures(None, total, logits, None)  # nothing raised: the check fails
     assert fitted.ok is False and "fitted" in fitted.detail

@@ -42,8 +42,10 @@ from forge_replay.api.spec_parts import (
     TrainerSpec,
 )
 from forge_replay.api.status import ForgeReplayJobStatus
+from forge_replay.api.sweep import SweepSpec
+from forge_replay.api.sweep_rules import SWEEP_RULES
 
-CROSS_FIELD_RULES: list[CrossFieldRule] = [*CORE_RULES, *BYO_RULES, *EXPECT_RULES]
+CROSS_FIELD_RULES: list[CrossFieldRule] = [*CORE_RULES, *BYO_RULES, *EXPECT_RULES, *SWEEP_RULES]
 """Every cross-field rule, in the order the CRD lists their CEL twins and the operator its problems."""
 
 MUTABLE_AFTER_LAUNCH = frozenset({"suspend"})
@@ -96,6 +98,12 @@ class ForgeReplayJobSpec(ApiModel):
         default=None,
         description="Release-validation verdict: memory budget, fallbacks, throughput and a baseline report to "
         "reproduce (status.expectations, condition ExpectationsMet).",
+    )
+    sweep: SweepSpec | None = Field(
+        default=None,
+        description="The memory frontier: run the job at every point of some axes (spec fields such as "
+        "trainer.microBatchTokens), one after another in one Ray cluster, and find the largest values that fit "
+        "the memory budget (builtin trainer only).",
     )
 
     @field_validator("image")

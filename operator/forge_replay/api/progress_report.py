@@ -8,7 +8,7 @@ from pydantic import Field
 
 from forge_replay.api.base import ApiModel
 from forge_replay.api.outcome import Outcome, OutOfMemory
-from forge_replay.api.status import ExpectationResult, MemoryPeak
+from forge_replay.api.status import ExpectationResult, MemoryPeak, SweepProgress
 
 PROGRESS_KEY = "progress.json"
 
@@ -47,5 +47,6 @@ class ProgressReport(ApiModel):
     rollout_id_mismatches: int = Field(
         default=0, ge=0, description="Rollouts whose dump holds a rollout_id other than the one its file stands for."
     )
+    sweep: SweepProgress | None = Field(default=None, description="With spec.sweep: points done, the frontier so far.")
     updated_at: str | None = Field(default=None, description="When this report was written (RFC 3339).")
     result: RunResult | None = Field(default=None, description="Set once, when the run has ended.")

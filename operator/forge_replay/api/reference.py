@@ -74,7 +74,8 @@ def markdown() -> str:
     lines += [f"- {rule.message}" for rule in CROSS_FIELD_RULES if rule.cel is not None]
     lines += ["- metadata.name: a DNS-1035 label of at most 47 characters (KubeRay's RayJob name limit)", ""]
     lines += ["Checked by the operator and `forge-replay validate` only, before anything is created (arithmetic over",
-              "the values in spec.trainer.args, beyond what a CEL rule may cost):", ""]
+              "the values in spec.trainer.args, a logarithm, every sweep point's whole spec: beyond what a CEL rule may",
+              "cost or express):", ""]
     lines += [f"- {rule.message}" for rule in CROSS_FIELD_RULES if rule.cel is None]
     lines.append("")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from forge_replay.api.spec_parts import (
     SchedulingSpec,
     TrainerSpec,
 )
+from forge_replay.api.sweep import SweepSpec
 from forge_replay.frameworks.flags import BACKENDS
 from forge_replay.frameworks.rules import upstream_rule
 
@@ -35,6 +36,7 @@ class SpecParts(Protocol):
     scheduling: SchedulingSpec
     suspend: bool
     expect: ExpectSpec | None
+    sweep: SweepSpec | None
 
 
 Check = Callable[[SpecParts], list[Problem]]
@@ -358,18 +360,18 @@ def _expect_foreign_trainer(spec: SpecParts) -> list[Problem]:
 @_rule(
     "expect",
     "has(self.maxPeakMemoryGiB) || has(self.maxFallbacks) || has(self.minTokensPerSecond) || has(self.baseline) || "
-    "has(self.outcome) || (has(self.windows) && size(self.windows) > 0)",
-    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, baseline, outcome or "
-    "windows)",
+    "has(self.outcome) || (has(self.windows) && size(self.windows) > 0) || has(self.frontier)",
+    "spec.expect: holds no check (give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, baseline, outcome, "
+    "windows or frontier)",
     "",
 )
 def _expect_not_empty(spec: SpecParts) -> list[Problem]:
     e = spec.expect
     if e is not None and all(v is None for v in (e.max_peak_memory_gib, e.max_fallbacks, e.min_tokens_per_second,
-                                                 e.baseline, e.outcome)) and not e.windows:
+                                                 e.baseline, e.outcome, e.frontier)) and not e.windows:
         return [Problem("spec.expect", "holds no check: give maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, "
-                        "baseline, outcome or windows, or remove spec.expect (an empty gate would pass having checked "
-                        "nothing)")]
+                        "baseline, outcome, windows or frontier, or remove spec.expect (an empty gate would pass "
+                        "having checked nothing)")]
     return []
 
 

@@ -21,6 +21,7 @@ from forge_replay.api.names import (
     SpecInvalid,
     checked_image,
 )
+from forge_replay.api.sweep import FrontierExpectation
 
 MAX_PATH_LENGTH = 4096
 MAX_ARGS = 512  # spec.trainer.args items: bounds the cost of the CRD's CEL rule over them
@@ -561,4 +562,12 @@ class ExpectSpec(ApiModel):
         description="false: shadow mode. The verdict is computed and recorded (report.json, status.expectations, "
         "ExpectationsMet=False with reason ExpectationsNotMetShadow) but a failed check, the outcome's too, "
         "does not fail the job: roll a new gate out without blocking releases, then enforce it.",
+    )
+    frontier: list[FrontierExpectation] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="With spec.sweep: frontiers the sweep must reach, e.g. {at: {trainer.microBatchTokens: 32768}, "
+        "fits: {replay.stretch.maxTokens: 65536}}: at that value of every other axis, the largest value of the last "
+        "axis that fits (it and every smaller one) is at least 65536.",
     )

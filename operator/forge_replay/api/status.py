@@ -106,6 +106,35 @@ class ResultsLocation(ApiModel):
     path: str = Field(description="The run's folder, relative to the claim's root: <namespace>/<name>/<uid prefix>.")
 
 
+class SweepFrontierEntry(ApiModel):
+    """The frontier at one combination of the other axes: the largest value of the last axis that fits there (it and
+    every smaller value)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    at: dict[str, float] = Field(default_factory=dict, description="The other axes' values, by field (empty with one "
+                                 "axis).")
+    field: str = Field(description="The last axis's field (e.g. replay.stretch.maxTokens).")
+    value: float | None = Field(default=None, description="The largest value that fits with every smaller one; "
+                                "absent when none does (or none is known yet).")
+    complete: bool = Field(default=False, description="Whether this line's search has finished (else: so far).")
+
+
+class SweepProgress(ApiModel):
+    """A sweep's progress (spec.sweep), published by the runtime after every point."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    points_done: int = Field(default=0, description="Points measured (run, or kept from before a suspend).")
+    grid_points: int | None = Field(default=None, description="Points of a full grid (the frontier search runs "
+                                    "fewer).")
+    finished: bool = Field(default=False, description="Whether the search has finished.")
+    out_of_memory: int = Field(default=0, description="Points that ran out of memory (recorded; the sweep went on).")
+    frontier: list[SweepFrontierEntry] = Field(default_factory=list, description="The frontier so far.")
+    summary: str | None = Field(default=None, max_length=512, description="The frontier in one line, e.g. "
+                                "replay.stretch.maxTokens <= 65536.")
+
+
 PHASES = ("Pending", "Verifying", "Launching", "Running", "Succeeded", "Failed", "Suspended")
 
 
@@ -153,4 +182,8 @@ class ForgeReplayJobStatus(ApiModel):
     )
     out_of_memory: OutOfMemory | None = Field(
         default=None, description="With outcome outOfMemory: which signal, where, when and how much."
+    )
+    sweep: SweepProgress | None = Field(
+        default=None, description="With spec.sweep: points done out of the grid's, out-of-memory points, the frontier "
+        "so far (published after every point; kept across a suspend)."
     )

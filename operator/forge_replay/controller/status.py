@@ -328,6 +328,8 @@ def _reported(
         "maskedOutSamples": progress.masked_out_samples if progress is not None else previous.get("maskedOutSamples"),
         "rolloutIdMismatches": (
             progress.rollout_id_mismatches if progress is not None else previous.get("rolloutIdMismatches")),
+        "sweep": progress.sweep.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if progress is not None and progress.sweep is not None else previous.get("sweep"),
     }
 
 

@@ -65,13 +65,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from forge_replay.runtime.driver import ALREADY_CONNECTED, connect_ray, local_cpus_needed, run_job
+    from forge_replay.runtime.driver import ALREADY_CONNECTED, connect_ray, local_cpus_needed
+    from forge_replay.runtime.sweep import run_replay
     from forge_replay.runtime.trainer.rank import trainer_settings
 
     how = connect_ray(num_cpus=local_cpus_needed(trainer_settings(config.job.spec.trainer).world_size))
     logging.getLogger(__name__).info("Ray: %s", how)
     try:
-        report = run_job(config, fixed_cluster=False, show_progress=not args.no_progress, prepared=prepared)
+        report = run_replay(config, fixed_cluster=False, show_progress=not args.no_progress, prepared=prepared)
     except ReplayRunError as exc:
         print(f"forge-replay: run failed: {exc}", file=sys.stderr)
         record_result(config, "Failed", str(exc), outcome="failed")  # the operator reads it after the RayJob is gone

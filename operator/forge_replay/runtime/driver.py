@@ -137,8 +137,48 @@ def preflight(config, progress: bool = False, plan: ReplayPlan | None = None) ->
     return Prepared(plan, source, limits.vocab_size, limits.max_positions, checked)
 
 
+@dataclass
+class WarmEngines:
+    """What a sweep keeps between its points (runtime/sweep.py): the trainer's placement group and the rollout manager
+    (with its engines, once started), for as long as the engine configuration stays the same. A :func:`run_job` given
+    them uses them and leaves them running; the sweep stops them (:meth:`stop`)."""
+
+    placement: object
+    manager: object
+    used: int = 0
+    """Points run on them so far: from the second on, the engines' weight-sync group is formed anew."""
+
+    def stop(self) -> None:
+        """Stop the manager (its engines) and remove the placement group."""
+        _shutdown(self.manager, None, self.placement)
+
+
+def place_and_manage(config, prepared: Prepared, fixed_cluster: bool) -> tuple[object, object]:
+    """Place the trainer's ranks and create the rollout manager (its engines not started yet: ``manager.start``);
+    raises :class:`ReplayRunError` when the ranks cannot be placed."""
+    import ray
+
+    from forge_replay.runtime.placement import PlacementError, place_trainer
+    from forge_replay.runtime.rollout_manager import RolloutManager
+    from forge_replay.runtime.trainer.rank import trainer_settings
+
+    settings = trainer_settings(config.job.spec.trainer, deterministic=prepared.plan.deterministic)
+    try:
+        placement = place_trainer(settings, fixed_cluster=fixed_cluster)
+    except PlacementError as exc:
+        raise ReplayRunError(str(exc)) from None
+    manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
+        config.job, config.dumps_root, world_size=settings.world_size, vocab_size=prepared.vocab_size,
+        max_positions=prepared.max_positions, engine_command=config.engine_command,
+        model_root=config.model_root, results_dir=config.results_dir, trainer_placement=placement,
+        plan=prepared.plan.rollout_side,
+    )
+    return placement, manager
+
+
 def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress: bool = True,
-            prepared: Prepared | None = None, prefetch: bool = True, stopped_by=None) -> RunReport:
+            prepared: Prepared | None = None, prefetch: bool = True, stopped_by=None,
+            warm: WarmEngines | None = None) -> RunReport:
     """Replay ``config.job`` on the connected Ray: every rollout trained, progress published,
     the report written to ``config.results_dir``. Raises :class:`ReplayRunError` with a clear message.
 
@@ -150,7 +190,10 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     run's report says ``interrupted`` with it.
 
     ``prefetch=False`` (benchmarks only) requests each rollout after the previous step instead of
-    while it trains, to measure what prefetching saves."""
+    while it trains, to measure what prefetching saves.
+
+    ``warm`` (a sweep's point): the placement and rollout manager (engines) to use, left running at the end; the
+    trainer's actors are this run's own, so its memory peak is its own. The table is then the sweep's to print."""
     import ray
     from rich.console import Console
 
@@ -165,7 +208,7 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
     run.starting(f"starting: placing {run.settings.world_size} trainer rank(s)")
     run.progress.start()
     try:
-        run.start(fixed_cluster)
+        run.start(fixed_cluster, warm)
         run.train(prefetch, stopped_by)
         run.write_memory_snapshots()
     except (ray.exceptions.RayError, RanOutOfMemory) as exc:  # RanOutOfMemory bare: from a weight push's wait
@@ -184,9 +227,14 @@ def run_job(config, *, fixed_cluster: bool = False, console=None, show_progress:
         try:  # the clean-up below must not depend on the report being written
             report_problem = run.finish(stopped_by)
         finally:
-            _shutdown(run.manager, run.group, run.placement, run.board)
+            if warm is None:
+                _shutdown(run.manager, run.group, run.placement, run.board)
+            else:  # a sweep's point: its trainer goes, the engines and their placement stay for the next point
+                _shutdown(None, run.group, None, run.board)
     if report_problem:
         raise ReplayRunError(report_problem)
+    if warm is not None:
+        return report
     console.print(render_table(report))
     if report.expectations is not None:
         console.print(render_verdict(report.expectations))
@@ -261,31 +309,26 @@ class _ReplayRun:
         """Until step 1 trains, the bar says what it waits for."""
         self.progress.update(self.task, info=f"[dim]{what}[/]")
 
-    def start(self, fixed_cluster: bool) -> None:
+    def start(self, fixed_cluster: bool, warm: WarmEngines | None = None) -> None:
         """Place the trainer, start the rollout manager (and its engines) and the trainer group, set up the weight
-        sync; progress 0, then the eval before the first step when there is one."""
+        sync; progress 0, then the eval before the first step when there is one. ``warm``: a sweep's placement and
+        manager, used (the manager serves this point's job) instead of new ones."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from forge_replay.runtime.environment import environment
-        from forge_replay.runtime.placement import PlacementError, place_trainer
-        from forge_replay.runtime.rollout_manager import RolloutManager
         from forge_replay.runtime.trainer.oom import PhaseBoard
         from forge_replay.runtime.trainer.rank import TrainerGroup
         from forge_replay.runtime.weights.sync import EngineWeightSync
 
         config, spec, settings, plan, report = self.config, self.spec, self.settings, self.plan, self.report
-        try:
-            self.placement = place_trainer(settings, fixed_cluster=fixed_cluster)
-        except PlacementError as exc:
-            raise ReplayRunError(str(exc)) from None
-        self.manager = manager = ray.remote(RolloutManager).options(num_cpus=0).remote(
-            config.job, config.dumps_root, world_size=settings.world_size, vocab_size=self.prepared.vocab_size,
-            max_positions=self.prepared.max_positions,
-            engine_command=config.engine_command,
-            model_root=config.model_root, results_dir=config.results_dir, trainer_placement=self.placement,
-            plan=plan.rollout_side,
-        )
+        if warm is None:
+            self.placement, self.manager = place_and_manage(config, self.prepared, fixed_cluster)
+        else:
+            self.placement, self.manager = warm.placement, warm.manager
+            ray.get(self.manager.serve_job.remote(config.job, warm.used > 0))  # this point's trainer and data
+            warm.used += 1
+        manager = self.manager
         rollout_side = manager.start.remote()  # engines start while the trainer does
         self.starting("starting: the trainer" + (f" and {spec.rollout.num_engines} sglang engine(s)"
                                                  if plan.start_engines else ""))

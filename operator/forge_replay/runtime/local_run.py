@@ -232,7 +232,8 @@ def _synthesize(inputs: RunInputs) -> None:
 def _replay_on_ray(inputs: RunInputs, config, prepared, local):
     """Start the ``local`` Ray (None: this process is connected to a Ray already) and replay on it; stop it however
     the replay ends. A stop says how the run stopped and raises :class:`_Stopped` after the clean-up."""
-    from forge_replay.runtime.driver import ReplayRunError, run_job
+    from forge_replay.runtime.driver import ReplayRunError
+    from forge_replay.runtime.sweep import run_replay
     from forge_replay.runtime.local_ray import LocalRayError
 
     file = inputs.file
@@ -242,7 +243,7 @@ def _replay_on_ray(inputs: RunInputs, config, prepared, local):
         if local is not None:  # interrupted half-way, the finally below stops what it started
             _start_local_ray(local)
         connected = True
-        return run_job(config, fixed_cluster=True, show_progress=not inputs.no_progress, prepared=prepared,
+        return run_replay(config, fixed_cluster=True, show_progress=not inputs.no_progress, prepared=prepared,
                        stopped_by=lambda: signal.Signals(_STOPPED_BY[0]).name if _STOPPED_BY else None)
     except BaseException as exc:
         if _STOPPED_BY:

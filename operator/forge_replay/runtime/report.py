@@ -123,6 +123,9 @@ class RunReport:
     stretch: dict | None = None
     """spec.replay.stretch: ``max_tokens`` and, over the rollouts trained, the longest sample before and after and
     the factors (:func:`stretch_report`); None when the samples are replayed as recorded."""
+    sweep: dict | None = None
+    """With spec.sweep (the sweep's own report.json): every point and the frontier
+    (``forge_replay.verdict.sweep.SweepSearch.summary``), and ``engine_starts``; each point's report is in points/NN."""
     out_of_memory: dict | None = None
     """With outcome outOfMemory, the record of which signal, where, when and how much
     (``forge_replay.api.outcome.OutOfMemory``, snake_case); None otherwise."""

@@ -111,6 +111,15 @@ class RolloutManager:
             self._start_rollout_side()
         return list(self.construction_log)
 
+    def serve_job(self, job, new_trainer: bool) -> None:
+        """A sweep's next point: serve ``job`` (that point's spec: micro-batch size, stretched length) from now on;
+        ``new_trainer``: the trainer's ranks were replaced, so the engines' weight-sync group is formed anew. The
+        engines themselves stay as they are (the sweep starts new ones for another engine configuration)."""
+        self.job = job
+        self.micro_batch_tokens = job.spec.trainer.micro_batch_tokens
+        if new_trainer and self.engine_side is not None:
+            self.engine_side.trainer_replaced()
+
     # -- forge mode hook ---------------------------------------------------------------------
     def _start_rollout_side(self) -> None:
         """Start engines, router, monitors per ``self.plan`` (forge mode only; issue 5 fills this in).

@@ -72,6 +72,8 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
     check saying why); ``baseline_problem`` why it could not be read. ``records_losses``: False for a slime /
     miles run, whose report (the memory probe's) holds no losses to check.
 
+    ``frontier`` (spec.expect.frontier) reads the report's ``sweep`` (``verdict.sweep.frontier_check``).
+
     ``outcome`` (spec.expect.outcome) comes last: the report's ``outcome``, or :func:`outcome_of` it. A run that ran
     out of memory did not finish: it is judged on its outcome alone (no check at all without spec.expect.outcome)."""
     if expect is None:
@@ -113,6 +115,10 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
             checks += compare_reports(report, baseline, b.metrics, b.rtol, b.atol)
             checks += band_checks(report, baseline, bands)
     checks += window_checks(report, getattr(expect, "windows", None) or [])
+    if getattr(expect, "frontier", None):
+        from forge_replay.verdict.sweep import frontier_check  # a sweep's alone: the team's image never needs it
+
+        checks.append(frontier_check(expect.frontier, report.get("sweep") or {}))
     if expected:
         checks.append(outcome_check(outcome, expected))
     return checks

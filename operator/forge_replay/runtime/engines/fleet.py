@@ -292,6 +292,11 @@ class EngineFleet(DistributedPush):
             log.warning(self.faults_ignored)
         self._sample_memory()
 
+    def trainer_replaced(self) -> None:
+        """A sweep replaced the trainer's ranks between points: the next distributed push forms a new weight group
+        (the engines leave the old one, whose trainer rank is gone)."""
+        self.generation += 1
+
     @staticmethod
     def _faults_requested() -> bool:
         import os
