@@ -53,6 +53,8 @@ ACCEPTED = [
     ("two axes and a frontier", _set(swept({"field": MEM, "values": [0.5, 0.7]},
                                            {"field": MBT, "min": 1024, "max": 65536, "factor": 2}),
                                      "spec.expect", {"frontier": [{"at": {MEM: 0.7}, "fits": {MBT: 8192}}]})),
+    ("exactly maxPoints", swept({"field": MEM, "values": [0.5, 0.6, 0.7]}, {"field": MBT, "values": [1, 2, 3]},
+                                maxPoints=9)),
     ("cpu with a budget", _set(swept({"field": MBT, "values": [1024, 2048]}, budgetGiB=4, search="grid"),
                                "spec.trainer.gpusPerNode", 0)),
 ]
