@@ -193,9 +193,10 @@ def baseline(report_files: tuple[str, ...], name: str, namespace: str | None, st
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 def history(directory: str) -> None:
     """List the runs under DIR, a results root (a copy of the results claim: <namespace>/<job>/<run>/report.json, or
-    a folder of run folders), oldest first: each run's folder, job, identity (runs with one key are runs of one
-    identity; the job's name and gradient checkpointing do not count), what it replays, when it started, whether it
-    is trusted and why, and its key figures (rollouts, last loss, peak memory, mean step time).
+    a folder of run folders), oldest first: each run's folder, job, identity key (runs with one key are runs of one
+    identity; the job's name and gradient checkpointing do not count; a line per key says what it replays), when it
+    started, its key figures (rollouts, last loss, peak memory, mean step time) and whether it is trusted, or why
+    not.
 
     A run is trusted when it met its expectations (enforced or in shadow) and no untrusted.json marks it
     (forge-replay report untrust); spec.expect.baseline.history compares a run with the last N trusted runs of its
@@ -215,19 +216,20 @@ def history(directory: str) -> None:
     if not runs:
         click.echo(f"{directory}: no run folder (a folder holding report.json) under it")
         return
-    table = Table(title=f"runs under {directory}", show_edge=False)
-    for column in ("run", "job", "identity", "replays", "started", "trusted", "rollouts", "last loss", "peak GiB",
-                   "step s"):
+    table = Table(title=f"runs under {directory}, oldest first", show_edge=False)
+    for column in ("run", "job", "identity", "started", "rollouts", "last loss", "peak GiB", "step s", "trusted"):
         table.add_column(column, justify="right" if column in ("rollouts", "last loss", "peak GiB", "step s")
-                         else "left", overflow="fold")
-    for row in history_rows(runs):
-        verdict = Text("yes", style="green") if row["trusted"] else Text("NO", style="bold red")
-        verdict.append(f": {row['why']}")
-        table.add_row(row["run"], str(row["job"]), row["identity"], row["replays"], str(row["started_at"]), verdict,
-                      str(row["rollouts"]), fmt(row["loss"]), fmt(row["peak_gib"]), fmt(row["step_seconds"]))
+                         else "left", overflow="fold", no_wrap=column in ("identity", "started"))
+    rows = history_rows(runs)
+    for row in rows:
+        trusted = Text("yes", style="green") if row["trusted"] else Text(f"NO: {row['why']}", style="bold red")
+        table.add_row(row["run"], str(row["job"]), row["identity"], str(row["started_at"]), str(row["rollouts"]),
+                      fmt(row["loss"]), fmt(row["peak_gib"]), fmt(row["step_seconds"]), trusted)
     Console(width=max(160, Console().width)).print(table)
-    trusted = sum(r.trusted for r in runs)
-    click.echo(f"{len(runs)} run(s), {trusted} trusted, {len(runs) - trusted} not")
+    for key, replays in sorted({(r["identity"], r["replays"]) for r in rows}):
+        click.echo(f"identity {key}: {replays}")
+    trusted_runs = sum(r.trusted for r in runs)
+    click.echo(f"{len(runs)} run(s), {trusted_runs} trusted, {len(runs) - trusted_runs} not")
 
 
 @report.command()

@@ -24,7 +24,9 @@ from pathlib import Path
 from forge_replay.api.metrics import GATED_METRICS, MEASURED_METRICS, MEMORY_METRICS
 from forge_replay.verdict.baseline import KEPT
 from forge_replay.verdict.compare import number
-from forge_replay.verdict.reports import Check, ReportUnreadable, peak_memory_gib, read_report, unusable_reason
+from forge_replay.verdict.reports import (
+    Check, ReportUnreadable, dumps_strict, parse_report, peak_memory_gib, read_report, unusable_reason,
+)
 from forge_replay.verdict.statistics import comparable_identity, history_content
 
 REPORT_FILE = "report.json"
@@ -200,6 +202,7 @@ def history_baseline(report: dict, root: str | Path, last: int, own_folder: str 
             HISTORY_CHECK, True, 0, last, message=f"no trusted run of this identity under {root} yet{skipped}: this run "
             "starts the history (its metrics and bands were not compared)"))
     content = history_content([r.doc for r in refs.chosen], GATED_METRICS, MEMORY_METRICS, KEPT, MEASURED_METRICS)
+    content = parse_report(dumps_strict(content), f"the history under {root}")  # read as a baseline ConfigMap is
     names = [f"{r.folder} ({r.doc.get('started_at')})" for r in reversed(refs.chosen)]
     if len(names) > SHOWN:
         names = names[:SHOWN] + [f"and {len(names) - SHOWN} more"]
@@ -232,6 +235,18 @@ def key_figures(doc: dict | None) -> dict:
             "step_seconds": math.fsum(steps) / len(steps) if steps else None}
 
 
+def replays(identity: dict) -> str:
+    """What a run of ``identity`` (report.json's) replays, in a few words: mode, dumps, model, backend."""
+    if not identity:
+        return "no identity recorded (a report of an older version)"
+    model = identity.get("model") or {}
+    shown = (f"config {model['config_sha256'][:8]}" if model.get("config_sha256")
+             else f"{model.get('claim_name')}:{model.get('path')}")
+    trainer = identity.get("trainer") or {}
+    return (f"{identity.get('mode')} replay of {identity.get('dumps_path')}, model {shown}, "
+            f"{trainer.get('backend', 'builtin')} trainer, lr {trainer.get('learning_rate')}")
+
+
 def history_rows(runs: list[PastRun]) -> list[dict]:
     """One row per run for ``forge-replay report history``: folder, job, identity key, mode and dumps, start,
     trusted and why, and the key figures."""
@@ -240,7 +255,7 @@ def history_rows(runs: list[PastRun]) -> list[dict]:
         doc = run.doc or {}
         ident = doc.get("identity") or {}
         rows.append({"run": run.folder, "job": doc.get("job"), "identity": identity_key(run.doc),
-                     "replays": f"{ident.get('mode', '?')} {ident.get('dumps_path', '?')}" if ident else "-",
+                     "replays": replays(ident),
                      "started_at": doc.get("started_at"), "trusted": run.trusted, "why": run.why,
                      **key_figures(run.doc)})
     return rows
