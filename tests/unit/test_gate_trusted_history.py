@@ -147,7 +147,8 @@ def test_shadow_records_a_history_miss_without_failing_then_enforce_fails(root):
 
 
 @pytest.mark.parametrize("baseline, results, path, fragment", [
-    ({"history": {"last": 3}, "configMapName": "b"}, "r", "spec.expect.baseline", "(configMapName and history are set)"),
+    ({"history": {"last": 3}, "configMapName": "b"}, "r", "spec.expect.baseline",
+     "(configMapName and history are set)"),
     ({"history": {"last": 3}}, None, "spec.expect.baseline.history", "needs spec.results.claimName"),
     ({"history": {"last": 0}}, "r", "spec.expect.baseline.history.last", ""),
     ({"history": {"last": 101}}, "r", "spec.expect.baseline.history.last", ""),

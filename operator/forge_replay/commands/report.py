@@ -224,7 +224,8 @@ def history(directory: str) -> None:
     for row in rows:
         trusted = Text("yes", style="green") if row["trusted"] else Text(f"NO: {row['why']}", style="bold red")
         table.add_row(row["run"], str(row["job"]), row["identity"], str(row["started_at"]), str(row["rollouts"]),
-                      fmt(row["loss"]), fmt(row["peak_gib"]), fmt(row["step_seconds"]), trusted)
+                      *(f"{v:.4g}" if v is not None else "-" for v in (row["loss"], row["peak_gib"],
+                                                                       row["step_seconds"])), trusted)
     Console(width=max(160, Console().width)).print(table)
     for key, replays in sorted({(r["identity"], r["replays"]) for r in rows}):
         click.echo(f"identity {key}: {replays}")

@@ -183,7 +183,8 @@ class HistoryBaseline:
     check: Check
 
 
-def history_baseline(report: dict, root: str | Path, last: int, own_folder: str | Path | None = None) -> HistoryBaseline:
+def history_baseline(report: dict, root: str | Path, last: int,
+                     own_folder: str | Path | None = None) -> HistoryBaseline:
     """The baseline of the last ``last`` trusted runs of ``report``'s identity under ``root`` (excluding
     ``own_folder``; only runs that started before ``report``): their statistics (:func:`history_content`), read as a
     several-run baseline is. No such run yet: no baseline and no problem, the check passes saying that this run
@@ -199,8 +200,8 @@ def history_baseline(report: dict, root: str | Path, last: int, own_folder: str 
     skipped = f"; left out: {', '.join(left)}" if left else ""
     if not refs.chosen:
         return HistoryBaseline(None, None, Check(
-            HISTORY_CHECK, True, 0, last, message=f"no trusted run of this identity under {root} yet{skipped}: this run "
-            "starts the history (its metrics and bands were not compared)"))
+            HISTORY_CHECK, True, 0, last, message=f"no trusted run of this identity under {root} yet{skipped}: this "
+            "run starts the history (its metrics and bands were not compared)"))
     content = history_content([r.doc for r in refs.chosen], GATED_METRICS, MEMORY_METRICS, KEPT, MEASURED_METRICS)
     content = parse_report(dumps_strict(content), f"the history under {root}")  # read as a baseline ConfigMap is
     names = [f"{r.folder} ({r.doc.get('started_at')})" for r in reversed(refs.chosen)]
