@@ -18,7 +18,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("forge_replay.commands.validate:crd", "Print the ForgeReplayJob CRD generated from the API models."),
     "dumps": ("forge_replay.commands.dumps:dumps", "Inspect, verify, synthesize and pack rollout dumps."),
     "run": ("forge_replay.commands.run:run", "Run a ForgeReplayJob on this machine with a local Ray."),
-    "report": ("forge_replay.commands.report:report", "Compare run reports; print one as a baseline ConfigMap."),
+    "report": ("forge_replay.commands.report:report",
+               "Compare run reports; print a baseline ConfigMap; list a results root's runs, untrust one."),
     "render": ("forge_replay.commands.render:render", "Print the Kubernetes objects the operator would create."),
     "operator": ("forge_replay.commands.operator:operator", "Run the kopf operator that reconciles ForgeReplayJobs."),
 }

@@ -31,8 +31,8 @@ def test_a_pvc_baseline_and_defaults():
 
 
 @pytest.mark.parametrize("expect, path, fragment", [
-    ({"baseline": {}}, "spec.expect.baseline", "neither is set"),
-    ({"baseline": {"configMapName": "b", "claimName": "c", "path": "p"}}, "spec.expect.baseline", "both are set"),
+    ({"baseline": {}}, "spec.expect.baseline", "none is set"),
+    ({"baseline": {"configMapName": "b", "claimName": "c", "path": "p"}}, "spec.expect.baseline", "configMapName and claimName + path are set"),
     ({"baseline": {"claimName": "c"}}, "spec.expect.baseline.path", "go together"),
     ({"baseline": {"path": "r.json"}}, "spec.expect.baseline.claimName", "go together"),
     ({"baseline": {"claimName": "c", "path": "../r.json"}}, "spec.expect.baseline.path", "without '..'"),

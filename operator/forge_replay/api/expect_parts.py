@@ -1,5 +1,6 @@
 """The parts of spec.expect that gate figures varying from run to run (issue 35): a two-sided band around the
-statistics of the baseline's runs (:class:`BandSpec`, spec.expect.baseline.bands) and a check over a window of the
+statistics of the baseline's runs (:class:`BandSpec`, spec.expect.baseline.bands), those runs taken from the
+results claim's trusted history (:class:`HistorySpec`, spec.expect.baseline.history), and a check over a window of the
 run's rollouts (:class:`WindowSpec`, spec.expect.windows). Their cross-field rules are ``expect_rules``';
 ``forge_replay.verdict.bands`` decides them."""
 
@@ -13,6 +14,8 @@ from forge_replay.api.base import ApiModel, FiniteFloat, Int
 from forge_replay.api.metrics import GATED_METRICS
 
 MAX_WINDOW = 1_000_000
+MAX_HISTORY = 100
+"""The most trusted runs ``baseline.history.last`` may ask for (each is a report.json read when the run ends)."""
 
 
 class BandSpec(ApiModel):
@@ -32,6 +35,16 @@ class BandSpec(ApiModel):
     atol: FiniteFloat | None = Field(default=None, ge=0, description="Half-width in the metric's unit (GiB, s).")
     spread: FiniteFloat | None = Field(
         default=None, ge=0, description="Half-width as a multiple of the baseline runs' spread (max - min)."
+    )
+
+
+class HistorySpec(ApiModel):
+    """The baseline as the last ``last`` trusted runs of the job's identity kept on the results claim (a run is trusted
+    when it met its expectations: ``forge_replay.verdict.history``)."""
+
+    last: Int = Field(
+        default=5, ge=1, le=MAX_HISTORY,
+        description="How many trusted runs of the same identity (the newest first) make the references.",
     )
 
 

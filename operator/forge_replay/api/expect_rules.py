@@ -1,6 +1,6 @@
-"""The cross-field rules of spec.expect's bands and windows (issue 35), each with its CEL twin for the CRD, as
-``rules.CORE_RULES`` (``rules.recorder``): a band needs its width, ``peakPerRank`` gates a memory peak, a window
-needs a bound and bounds that some value can pass."""
+"""The cross-field rules of spec.expect's bands, history and windows (issue 35), each with its CEL twin for the CRD,
+as ``rules.CORE_RULES`` (``rules.recorder``): a band needs its width, ``peakPerRank`` gates a memory peak, a history
+needs the results claim it is kept on, a window needs a bound and bounds that some value can pass."""
 
 from __future__ import annotations
 
@@ -44,6 +44,22 @@ def _peak_of_memory(spec: SpecParts) -> list[Problem]:
     return [Problem(f"spec.expect.baseline.bands[{i}].over", f"peakPerRank gates a memory peak "
                     f"({', '.join(MEMORY_METRICS)}), not {b.metric}")
             for i, b in enumerate(_bands(spec)) if b.over == "peakPerRank" and b.metric not in MEMORY_METRICS]
+
+
+@_rule(
+    "",
+    "!has(self.expect) || !has(self.expect.baseline) || !has(self.expect.baseline.history) || "
+    "(has(self.results) && has(self.results.claimName) && self.results.claimName != '')",
+    "spec.expect.baseline.history: needs spec.results.claimName (the trusted runs are kept on the results claim)",
+    ".expect.baseline.history",
+)
+def _history_on_the_results_claim(spec: SpecParts) -> list[Problem]:
+    b = spec.expect.baseline if spec.expect else None
+    if b is not None and getattr(b, "history", None) is not None and not spec.results.claim_name:
+        return [Problem("spec.expect.baseline.history", "needs spec.results.claimName: the trusted runs it compares "
+                        "with are the earlier runs' folders on the results claim (locally, forge-replay run "
+                        "--results DIR reads them next to DIR)")]
+    return []
 
 
 @_rule(

@@ -16,6 +16,7 @@ from forge_replay.api.spec_parts import (
     FaultToleranceSpec,
     ModelSpec,
     ReplaySpec,
+    ResultsSpec,
     RolloutSpec,
     SchedulingSpec,
     TrainerSpec,
@@ -37,6 +38,7 @@ class SpecParts(Protocol):
     suspend: bool
     expect: ExpectSpec | None
     sweep: SweepSpec | None
+    results: ResultsSpec
 
 
 Check = Callable[[SpecParts], list[Problem]]
@@ -377,15 +379,20 @@ def _expect_not_empty(spec: SpecParts) -> list[Problem]:
 
 @_rule(
     "expect.baseline",
-    "has(self.configMapName) != has(self.path)",
-    "spec.expect.baseline: needs exactly one of configMapName and claimName + path",
+    "(has(self.configMapName) ? 1 : 0) + (has(self.path) ? 1 : 0) + (has(self.history) ? 1 : 0) == 1",
+    "spec.expect.baseline: needs exactly one of configMapName, claimName + path and history",
     "",
 )
 def _baseline_one_source(spec: SpecParts) -> list[Problem]:
     b = spec.expect.baseline if spec.expect else None
-    if b is not None and (b.config_map_name is None) == (b.path is None):
-        which = "both are set" if b.config_map_name is not None else "neither is set"
-        return [Problem("spec.expect.baseline", f"needs exactly one of configMapName and claimName + path ({which})")]
+    if b is None:
+        return []
+    given = [name for name, value in (("configMapName", b.config_map_name), ("claimName + path", b.path),
+                                      ("history", getattr(b, "history", None))) if value is not None]
+    if len(given) != 1:
+        which = f"{' and '.join(given)} are set" if given else "none is set"
+        return [Problem("spec.expect.baseline", f"needs exactly one of configMapName, claimName + path and history "
+                        f"({which})")]
     return []
 
 

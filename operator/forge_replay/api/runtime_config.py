@@ -30,6 +30,11 @@ class RuntimeConfig(ApiModel):
     baseline_path: str | None = Field(
         default=None, description="The baseline report.json of spec.expect.baseline (mounted, or --baseline FILE)."
     )
+    history_root: str | None = Field(
+        default=None,
+        description="The results root whose run folders hold the history of spec.expect.baseline.history (the results "
+        "claim's root; locally, the parent of the run's folder).",
+    )
     verify_record: str | None = Field(
         default=None,
         description="The verify Job's record of the dumps it checked (on the results claim): the pre-flight trusts "
@@ -41,7 +46,7 @@ class RuntimeConfig(ApiModel):
         doc = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         # Top-level None is meaningful (no results dir, no model volume): keep it, or it would read back as the default.
         for name, field in type(self).model_fields.items():
-            if name != "job" and not (name in ("baseline_path", "verify_record") and getattr(self, name) is None):
+            if name != "job" and not (name in ("baseline_path", "verify_record", "history_root") and getattr(self, name) is None):
                 doc[field.alias or name] = getattr(self, name)
         return yaml.safe_dump(doc, sort_keys=False)
 

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from forge_replay.api.base import ApiModel, FiniteFloat, Int, described
 from forge_replay.api.engine_args import engine_args_problems
-from forge_replay.api.expect_parts import BandSpec, WindowSpec
+from forge_replay.api.expect_parts import BandSpec, HistorySpec, WindowSpec
 from forge_replay.api.metrics import ROLLOUT_METRICS  # noqa: F401 - read from here too
 from forge_replay.api.names import (
     DNS1123_SUBDOMAIN,
@@ -522,6 +522,11 @@ class BaselineSpec(ApiModel):
         description="Two-sided bands around the statistics of the baseline's runs (`forge-replay report baseline` "
         "of several reports), for figures that vary run to run: step times, memory peaks (check "
         "baseline.<metric>.band / .peakPerRank). metrics keeps its exact comparison.",
+    )
+    history: HistorySpec | None = Field(
+        default=None,
+        description="Instead of configMapName or claimName + path: the last N trusted runs of the job's identity on "
+        "the results claim (spec.results.claimName), read when the run ends (check baseline.history).",
     )
 
 

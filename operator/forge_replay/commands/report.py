@@ -1,4 +1,5 @@
-"""`forge-replay report compare|baseline`: compare two run reports, or turn one into a baseline ConfigMap.
+"""`forge-replay report compare|baseline|history|untrust`: compare two run reports, turn reports into a baseline
+ConfigMap, list the runs of a results root (trusted or not, and why), mark one run untrusted by hand.
 
 The comparison is :mod:`forge_replay.verdict.checks`', the one ``forge-replay run`` and the operator's verdict use;
 what a usable report is, :func:`forge_replay.verdict.reports.unusable_reason` says for every caller.
@@ -29,7 +30,8 @@ _DEFAULTS = BaselineSpec.model_fields
 
 @click.group()
 def report() -> None:
-    """Compare run reports (report.json) and turn one into a baseline ConfigMap for spec.expect.baseline."""
+    """Compare run reports (report.json), turn them into a baseline ConfigMap for spec.expect.baseline, list the
+    trusted history of a results root and mark a run untrusted."""
 
 
 def tolerances(metrics: tuple[str, ...], rtol: float, atol: float) -> tuple[BaselineSpec | None, list[str]]:
@@ -185,3 +187,88 @@ def baseline(report_files: tuple[str, ...], name: str, namespace: str | None, st
             "its last-applied annotation (256 KiB): apply it server-side (kubectl apply --server-side; Argo CD "
             "ServerSideApply=true; Flux always does)")
     click.echo(to_yaml(configmap), nl=False)
+
+
+@report.command()
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
+def history(directory: str) -> None:
+    """List the runs under DIR, a results root (a copy of the results claim: <namespace>/<job>/<run>/report.json, or
+    a folder of run folders), oldest first: each run's folder, job, identity key (runs with one key are runs of one
+    identity; the job's name and gradient checkpointing do not count; a line per key says what it replays), when it
+    started, its key figures (rollouts, last loss, peak memory, mean step time) and whether it is trusted, or why
+    not.
+
+    A run is trusted when it met its expectations (enforced or in shadow) and no untrusted.json marks it
+    (forge-replay report untrust); spec.expect.baseline.history compares a run with the last N trusted runs of its
+    identity. Exit status: 0, or 2 when DIR cannot be read.
+    """
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from forge_replay.verdict.history import history_rows, read_runs
+
+    try:
+        runs = read_runs(directory)
+    except OSError as exc:
+        click.echo(f"{directory}: cannot be read: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    if not runs:
+        click.echo(f"{directory}: no run folder (a folder holding report.json) under it")
+        return
+    table = Table(title=f"runs under {directory}, oldest first", show_edge=False)
+    for column in ("run", "job", "identity", "started", "rollouts", "last loss", "peak GiB", "step s", "trusted"):
+        table.add_column(column, justify="right" if column in ("rollouts", "last loss", "peak GiB", "step s")
+                         else "left", overflow="fold", no_wrap=column in ("identity", "started"))
+    rows = history_rows(runs)
+    for row in rows:
+        trusted = Text("yes", style="green") if row["trusted"] else Text(f"NO: {row['why']}", style="bold red")
+        table.add_row(row["run"], str(row["job"]), row["identity"], str(row["started_at"]), str(row["rollouts"]),
+                      *(f"{v:.4g}" if v is not None else "-" for v in (row["loss"], row["peak_gib"],
+                                                                       row["step_seconds"])), trusted)
+    Console(width=max(160, Console().width)).print(table)
+    for key, replays in sorted({(r["identity"], r["replays"]) for r in rows}):
+        click.echo(f"identity {key}: {replays}")
+    trusted_runs = sum(r.trusted for r in runs)
+    click.echo(f"{len(runs)} run(s), {trusted_runs} trusted, {len(runs) - trusted_runs} not")
+
+
+@report.command()
+@click.argument("run", metavar="RUN", type=click.Path())
+@click.option("--why", required=True, help="Why the run must never be a reference (kept in the marker).")
+@click.option("--by", default=None, help="Who marks it (default: this user).")
+def untrust(run: str, why: str, by: str | None) -> None:
+    """Mark the run in folder RUN (or its report.json) untrusted by hand: it stays listed by `report history`, and is
+    never a reference of spec.expect.baseline.history. Writes RUN/untrusted.json (who, when, why); report.json is
+    never changed. Delete untrusted.json to trust the run again. Exit status: 0, or 2 when RUN holds no report.json or
+    cannot be written.
+    """
+    import getpass
+    import json
+    from pathlib import Path
+
+    from forge_replay.dumps.writing import now_rfc3339, write_atomically
+    from forge_replay.verdict.history import REPORT_FILE, UNTRUSTED_FILE, read_marker, untrust_marker
+
+    folder = Path(run)
+    if folder.name == REPORT_FILE and folder.is_file():
+        folder = folder.parent
+    if not (folder / REPORT_FILE).is_file():
+        click.echo(f"{run}: not a run folder (it holds no {REPORT_FILE})", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    if not why.strip():
+        click.echo("--why: say why the run must not be trusted", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    before = read_marker(folder)
+    try:
+        who = by or getpass.getuser()
+    except (KeyError, OSError):
+        who = "unknown"
+    marker = untrust_marker(who, now_rfc3339(), why.strip())
+    try:
+        write_atomically(folder / UNTRUSTED_FILE, json.dumps(marker, indent=1) + "\n")
+    except OSError as exc:
+        click.echo(f"{folder / UNTRUSTED_FILE}: cannot be written: {exc.strerror or exc}", err=True)
+        sys.exit(EXIT_UNUSABLE)
+    again = f" (it was already, by {before.get('by')} at {before.get('at')}: replaced)" if before else ""
+    click.echo(f"{folder}: marked untrusted by {who}{again}; it is never a reference of spec.expect.baseline.history")

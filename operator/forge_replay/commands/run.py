@@ -28,7 +28,8 @@ from forge_replay.runtime.run_inputs import RunInputs, err, exit_unusable, resol
 @click.option("--dumps-root", type=click.Path(file_okay=False), default=None,
               help="Local folder standing in for the dumps PVC root (default .forge-replay/dumps/<claimName>).")
 @click.option("--results", "results_dir", type=click.Path(file_okay=False), default=None,
-              help="Where report.json, memory.png and progress.json go (default results/<job name>).")
+              help="Where report.json, memory.png and progress.json go (default results/<job name>; with "
+              "spec.expect.baseline.history a new results/<job name>/run-<UTC time>, whose siblings are its history).")
 @click.option("--model-root", type=click.Path(file_okay=False), default=None,
               help="Local folder standing in for the model PVC root (spec.model.path is relative to it).")
 @click.option("--synth-missing", is_flag=True,

@@ -79,6 +79,7 @@ def runtime_config(job: ForgeReplayJob, settings: OperatorSettings) -> RuntimeCo
         engine_command=settings.engine_command,
         progress_configmap=naming.progress_map_name(_name(job)),
         baseline_path=_baseline_file(job),
+        history_root=paths.RESULTS_MOUNT if _history(job) and job.spec.results.claim_name else None,
         verify_record=_verify_record(job),
     )
 
@@ -99,10 +100,18 @@ def _results_dir(job: ForgeReplayJob) -> str:
     return f"{paths.RESULTS_MOUNT}/{naming.results_folder(job.metadata.namespace, _name(job), job.metadata.uid)}"
 
 
-def _baseline_file(job: ForgeReplayJob) -> str | None:
-    """Where the runtime reads spec.expect.baseline: its ConfigMap's report.json, or its path on the PVC."""
+def _history(job: ForgeReplayJob) -> bool:
+    """Whether spec.expect.baseline.history is set: the runtime reads the trusted runs from the results claim's root
+    (mounted whole, read-write, in every Ray pod), and there is no baseline volume."""
     baseline = job.spec.expect.baseline if job.spec.expect is not None else None
-    if baseline is None:
+    return baseline is not None and baseline.history is not None
+
+
+def _baseline_file(job: ForgeReplayJob) -> str | None:
+    """Where the runtime reads spec.expect.baseline: its ConfigMap's report.json, or its path on the PVC (None for
+    spec.expect.baseline.history)."""
+    baseline = job.spec.expect.baseline if job.spec.expect is not None else None
+    if baseline is None or baseline.history is not None:
         return None
     return f"{paths.BASELINE_MOUNT}/{baseline.path if baseline.path else 'report.json'}"
 

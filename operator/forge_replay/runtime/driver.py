@@ -486,7 +486,8 @@ class _ReplayRun:
         judged = report.error is None or (report.out_of_memory is not None and spec.expect is not None
                                           and spec.expect.outcome is not None)
         if judged and spec.expect is not None:  # the verdict on a run that finished (or was stopped, or ran out
-            checks, warnings = verdict(report.to_dict(), spec, self.config.baseline_path)  # of memory: its outcome)
+            checks, warnings = verdict(report.to_dict(), spec, self.config.baseline_path,  # of memory: its outcome)
+                                       self.config.history_root, self.config.results_dir)
             report.expectations = [c.to_dict() for c in checks]
             report.enforced = spec.expect.enforce
             report.warnings += warnings

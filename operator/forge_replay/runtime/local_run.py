@@ -23,6 +23,7 @@ from forge_replay.runtime.run_inputs import (
     err,
     exit_status,
     exit_unusable,
+    history_root,
     missing_input,
     synthesize_if_absent,
 )
@@ -200,7 +201,8 @@ def replay_locally(inputs: RunInputs, plan: ReplayPlan):
                            results_dir=os.path.abspath(inputs.results_dir),
                            model_root=os.path.abspath(inputs.model_root) if inputs.model_root else None,
                            engine_command=inputs.engine_command, progress_configmap=None,
-                           baseline_path=os.path.abspath(inputs.baseline) if inputs.baseline else None)
+                           baseline_path=os.path.abspath(inputs.baseline) if inputs.baseline else None,
+                           history_root=history_root(inputs))
     try:
         prepared = preflight(config, progress=not inputs.no_progress, plan=plan)
     except ReplayRunError as exc:  # before Ray: dumps that verify refuses are unusable input (exit 2)

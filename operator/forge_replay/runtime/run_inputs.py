@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -100,9 +101,37 @@ def resolve_inputs(file: str, *, dumps_root: str | None = None, results_dir: str
     if model_root is None and spec.model.path:
         model_root = os.path.join(LOCAL_STATE, "models", spec.model.claim_name or "")
     return RunInputs(file=file, job=job, dumps_root=dumps_root or default_dumps_root(spec.replay.dumps.claim_name),
-                     results_dir=results_dir or os.path.join("results", name), model_root=model_root,
+                     results_dir=results_dir or default_results_dir(name, spec), model_root=model_root,
                      synth_missing=synth_missing, engine_command=engine_command, no_progress=no_progress,
                      baseline=baseline, trainer_root=trainer_root)
+
+
+def keeps_history(spec) -> bool:
+    """Whether the job compares with its trusted history (spec.expect.baseline.history)."""
+    return spec.expect is not None and spec.expect.baseline is not None and spec.expect.baseline.history is not None
+
+
+def default_results_dir(name: str, spec) -> str:
+    """Where a run writes without --results: ``results/<name>`` (the previous run's report set aside there), or for
+    a job with spec.expect.baseline.history a new folder per run, ``results/<name>/run-<UTC time>``, so that the
+    runs before it stay its history (:func:`history_root`)."""
+    if not keeps_history(spec):
+        return os.path.join("results", name)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    folder, n = os.path.join("results", name, f"run-{stamp}"), 1
+    while os.path.exists(folder):
+        n += 1
+        folder = os.path.join("results", name, f"run-{stamp}-{n}")
+    return folder
+
+
+def history_root(inputs: RunInputs) -> str | None:
+    """The results root whose run folders are the history of a local run with spec.expect.baseline.history: the
+    parent of its results folder (its siblings are the earlier runs, laid out as on the claim or flat); None
+    without a history."""
+    if not keeps_history(inputs.job.spec):
+        return None
+    return os.path.dirname(os.path.abspath(inputs.results_dir))
 
 
 def default_dumps_root(claim_name: str) -> str:

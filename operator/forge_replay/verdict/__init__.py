@@ -10,10 +10,11 @@
 - :mod:`.statistics`: a baseline of several runs of one identity (per-rollout and per-rank statistics).
 - :mod:`.bands`: bands around those statistics and windows over a run's rollouts; :mod:`.explain`: what differs
   between a run and its references.
+- :mod:`.history`: the trusted runs under a results root (spec.expect.baseline.history, ``report history|untrust``).
 - :mod:`.shadow`: whether an unmet verdict fails the job (spec.expect.enforce).
 - :mod:`.run`: the verdict as ``forge-replay run`` and the in-cluster runtime use it.
 
 The runtime (driver, ``python -m forge_replay.runtime``), the slime / miles publish step, the operator and
-``forge-replay report compare|baseline`` (:mod:`forge_replay.commands.report`) call these; none decides a piece of
-the verdict itself. Importing the package needs the standard library only.
+``forge-replay report compare|baseline|history|untrust`` (:mod:`forge_replay.commands.report`) call these; none
+decides a piece of the verdict itself. Importing the package needs the standard library only.
 """

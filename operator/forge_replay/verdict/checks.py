@@ -61,7 +61,7 @@ def over_memory_budget(record: dict, limit: float | None) -> str | None:
 
 
 def check_report(report: dict, expect, baseline: dict | None = None, baseline_problem: str | None = None,
-                 records_losses: bool = True) -> list[Check]:
+                 records_losses: bool = True, history: Check | None = None) -> list[Check]:
     """Every check ``expect`` (an ``ExpectSpec``) asks for: ``finiteMetrics`` (any expectation brings it: a run
     whose loss or grad norm went NaN or infinite passes no gate), then in the order the API lists them
     maxPeakMemoryGiB, maxFallbacks, minTokensPerSecond, and for a baseline ``baseline.identity`` when the
@@ -73,6 +73,9 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
     miles run, whose report (the memory probe's) holds no losses to check.
 
     ``frontier`` (spec.expect.frontier) reads the report's ``sweep`` (``verdict.sweep.frontier_check``).
+    ``history``: for spec.expect.baseline.history, the check ``baseline.history`` naming the trusted runs the baseline
+    is made of (:mod:`.history`), first of the baseline's checks; passed with neither a baseline nor a problem, the
+    run starts the history and its metrics and bands are not compared.
 
     ``outcome`` (spec.expect.outcome) comes last: the report's ``outcome``, or :func:`outcome_of` it. A run that ran
     out of memory did not finish: it is judged on its outcome alone (no check at all without spec.expect.outcome)."""
@@ -98,13 +101,19 @@ def check_report(report: dict, expect, baseline: dict | None = None, baseline_pr
                                 "training tokens per second"))
     if expect.baseline is not None:
         b = expect.baseline
-        if baseline_problem is None and baseline is None:
+        # the first trusted run of its identity starts the history: nothing to compare with yet
+        starts = history is not None and history.passed and baseline is None and baseline_problem is None
+        if history is not None:
+            checks.append(history)
+        if baseline_problem is None and baseline is None and not starts:
             baseline_problem = "no baseline report was given"
-        if baseline_problem is None:
+        if baseline_problem is None and baseline is not None:
             why = unusable_reason(baseline)
             baseline_problem = f"the baseline report: {why}" if why else None
         bands = getattr(b, "bands", None) or []
-        if baseline_problem is not None:
+        if starts:
+            pass
+        elif baseline_problem is not None:
             names = [f"baseline.{m}" for m in b.metrics] + [band_name(band) for band in bands]
             checks += [Check(n, False, metric=n.split(".")[1], message=f"baseline cannot be used: {baseline_problem}")
                        for n in names]

@@ -22,6 +22,9 @@ def baseline_problem(path: str | None, spec) -> str | None:
     usable, or of another mode or model unless allowed), or None."""
     if spec.expect is None or spec.expect.baseline is None:
         return "given a baseline, but the job has no spec.expect.baseline (metrics, rtol, atol)" if path else None
+    if getattr(spec.expect.baseline, "history", None) is not None:
+        return ("given a baseline, but spec.expect.baseline.history compares with the trusted runs next to the "
+                "results folder (leave --baseline out)") if path else None
     if path is None:
         b = spec.expect.baseline
         where = f"ConfigMap {b.config_map_name}" if b.config_map_name else f"{b.path} on PVC {b.claim_name}"
@@ -48,13 +51,26 @@ def unusable_baseline(spec, baseline_path: str | None) -> list[dict] | None:
                                               records_losses=False)]
 
 
-def verdict(report: dict, spec, baseline_path: str | None) -> tuple[list[Check], list[str]]:
+def verdict(report: dict, spec, baseline_path: str | None, history_root: str | None = None,
+            results_dir: str | None = None) -> tuple[list[Check], list[str]]:
     """The checks of ``spec.expect`` on a finished run's report, and the warnings that go with them (a baseline
-    of another environment or identity). A baseline that cannot be used fails its checks."""
+    of another environment or identity). A baseline that cannot be used fails its checks.
+
+    With spec.expect.baseline.history the baseline is the last N trusted runs of the report's identity under
+    ``history_root`` (the results root; ``results_dir``, the run's own folder, is not one of them):
+    :func:`forge_replay.verdict.history.history_baseline`."""
     expect = spec.expect
-    baseline = problem = None
+    baseline = problem = history = None
     warnings: list[str] = []
-    if expect is not None and expect.baseline is not None:
+    if expect is not None and expect.baseline is not None and getattr(expect.baseline, "history", None) is not None:
+        if history_root is None:
+            problem = "no results root holding the history was given to the runtime (spec.results.claimName)"
+        else:
+            from forge_replay.verdict.history import history_baseline
+
+            found = history_baseline(report, history_root, expect.baseline.history.last, results_dir)
+            baseline, problem, history = found.baseline, found.problem, found.check
+    elif expect is not None and expect.baseline is not None:
         if baseline_path is None:
             problem = "no baseline report was given to the runtime"
         else:
@@ -69,7 +85,7 @@ def verdict(report: dict, spec, baseline_path: str | None) -> tuple[list[Check],
                         + environment_differences(report, baseline)]
             for line in warnings:
                 log.warning("%s", line)
-    return check_report(report, expect, baseline, problem), warnings
+    return check_report(report, expect, baseline, problem, history=history), warnings
 
 
 def unmet(report) -> str | None:
