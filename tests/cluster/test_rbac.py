@@ -225,7 +225,6 @@ NEEDED = [  # what the operator does in a namespace it watches (docs/operator.md
     ("watch", "forgereplayjobs.forgereplay.io"), ("patch", "forgereplayjobs.forgereplay.io"),
     ("patch", "forgereplayjobs.forgereplay.io/status"), ("update", "forgereplayjobs.forgereplay.io/finalizers"),
     ("create", "rayjobs.ray.io"), ("patch", "rayjobs.ray.io"), ("watch", "rayjobs.ray.io"),
-    ("delete", "rayjobs.ray.io"),  # its own RayJob, when the job could not start (controller/stuck.py)
     ("create", "jobs.batch"), ("list", "pods"),
     ("create", "configmaps"), ("patch", "configmaps"), ("create", "serviceaccounts"),
     ("create", "roles.rbac.authorization.k8s.io"), ("create", "rolebindings.rbac.authorization.k8s.io"),
@@ -235,7 +234,7 @@ REFUSED = [  # never needed: reading secrets, running code in pods, deleting or 
     ("get", "secrets"), ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"),
     ("create", "pods"), ("create", "pods/exec"), ("get", "pods/log"), ("delete", "pods"),
     ("delete", "forgereplayjobs.forgereplay.io"), ("update", "forgereplayjobs.forgereplay.io"),
-    ("delete", "configmaps"), ("delete", "jobs.batch"),
+    ("delete", "rayjobs.ray.io"), ("delete", "configmaps"), ("delete", "jobs.batch"),
     ("create", "deployments.apps"), ("patch", "deployments.apps"), ("create", "rayclusters.ray.io"),
     ("patch", "roles.rbac.authorization.k8s.io"), ("escalate", "roles.rbac.authorization.k8s.io"),
     ("bind", "roles.rbac.authorization.k8s.io"), ("create", "clusterroles.rbac.authorization.k8s.io"),

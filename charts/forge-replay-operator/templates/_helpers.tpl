@@ -56,12 +56,10 @@ in docs/operator.md (one rule list for the ClusterRole and for every namespaced 
 - apiGroups: ["forgereplay.io"]
   resources: ["forgereplayjobs/finalizers"]
   verbs: ["update"]
-# The RayJob of each ForgeReplayJob (suspend/resume patch it); deleted by the operator only when the job could not
-# start (ImagePullFailed, InitContainerFailed, CrashLoop, StartDeadlineExceeded: its Ray cluster goes at once),
-# otherwise through owner references.
+# The RayJob of each ForgeReplayJob (suspend/resume patch it); deletion goes through owner references.
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # The dump-verification Job, and pods: the verify pod's termination message (the DumpsVerified message), why a
 # launching Ray pod does not start, whether a failed job's Ray head pod was lost mid-run.
 - apiGroups: ["batch"]

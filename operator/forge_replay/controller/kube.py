@@ -152,15 +152,6 @@ class Kube:
         )
         return self._check(response, f"patch {kind}{'/status' if status else ''} {namespace}/{name}")
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        """Delete the object, its dependents in the background (the garbage collector follows owner references);
-        one already gone is no error."""
-        url = self._url(api_version, kind, namespace, name)
-        response = self._request("delete", "DELETE", RESOURCES[(api_version, kind)][1], url,
-                                 json={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
-        if response.status_code != 404:
-            self._check(response, f"delete {kind} {namespace}/{name}")
-
     def list(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         """Objects of a kind in a namespace matching a label selector."""
         url = self._url(api_version, kind, namespace)

@@ -413,19 +413,15 @@ class Reconciler:
             "ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"], {"spec": {"suspend": wanted}}
         )
 
-    def _tear_down_at_once(self, rayjob: dict[str, Any] | None, how: str | None) -> None:
+    def _tear_down_at_once(self, rayjob: dict[str, Any] | None, patch: dict[str, Any] | None) -> None:
         """A job that ran out of memory, or could not start, keeps no Ray cluster (``stuck.teardown``): KubeRay
         deletes it as soon as the Ray job has ended (ttlSecondsAfterFinished 0 instead of the spec's, which keeps a
-        finished cluster for its logs), or the RayJob that never ran is deleted, its RayCluster and pods with it."""
-        if rayjob is None or how is None:
+        finished cluster for its logs), and ends a Ray job that never started (activeDeadlineSeconds 1)."""
+        if rayjob is None or not patch:
             return
         meta = rayjob["metadata"]
         try:
-            if how == stuck.DELETE:
-                self.kube.delete("ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"])
-            else:
-                self.kube.merge_patch("ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"],
-                                      {"spec": {"ttlSecondsAfterFinished": 0}})
+            self.kube.merge_patch("ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"], {"spec": patch})
         except KubeError as exc:
             if exc.status != 404:  # a RayJob already gone holds no cluster
                 raise

@@ -20,9 +20,12 @@ function lists the pods and applies the teardown (``teardown``). Each failure ha
   un-suspended its RayJob: ``status.admissionTime``), or from its creation without a queue, and it does not run yet
   (unschedulable pods included: their PodScheduled=False message is in the status message).
 
-A job that failed for one of these stays failed for it (the RayJob, then its pods, go away after). Its RayJob is
-deleted at once, and with it the RayCluster and every pod (owner references): the Ray job never started, so
-KubeRay's TTL after the end (the out-of-memory teardown, ``out_of_memory.needs_teardown``) would never come.
+A job that failed for one of these stays failed for it (its pods go away after). Its Ray cluster is deleted at once
+(``teardown``): the out-of-memory teardown sets the RayJob's ``ttlSecondsAfterFinished`` to 0, which frees the cluster
+only once the Ray job has ended; a Ray job that never started is ended by ``activeDeadlineSeconds: 1`` (kuberay v1.5.0
+rayjob_controller.go ``checkActiveDeadlineAndUpdateStatusIfNeeded``, checked while Initializing and Running: Failed
+with reason DeadlineExceeded, never retried), then KubeRay deletes the cluster. Both are patches of the RayJob the
+operator already holds the verb for; Kueue sees the RayJob finished and gives its quota back.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from forge_replay.controller import out_of_memory
+from forge_replay.controller import naming, out_of_memory
 
 IMAGE_PULL_FAILED = "ImagePullFailed"
 INIT_CONTAINER_FAILED = "InitContainerFailed"
@@ -45,8 +48,8 @@ CRASH_LOOP_BACK_OFF = "CrashLoopBackOff"
 WAITING_PHASES = ("Pending", "Verifying", "Launching")
 """The phases of a job that does not run yet (the start deadline's clock runs in them)."""
 
-DELETE = "delete"
-TTL_ZERO = "ttlZero"
+END_AT_ONCE = {"activeDeadlineSeconds": 1, "ttlSecondsAfterFinished": 0}
+"""The RayJob spec fields that make KubeRay end a Ray job that never started and delete its cluster at once."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class Stopped:
     reason: str
     message: str
     cluster: str
+
+
+def _stop(reason: str, what: str, hint: str) -> Stopped:
+    """A Stopped whose message says what happened, then what to do; ClusterReady says what happened."""
+    return Stopped(reason, f"{what.rstrip('.')}. What to do: {hint}", what)
 
 
 def verify_pod_note(pods: list[dict[str, Any]], *, failed: bool) -> str | None:
@@ -113,10 +121,10 @@ def _init_failed(pod: str, statuses: list[dict[str, Any]]) -> Stopped | None:
                 what = (f"init container {container.get('name')} of pod {pod} failed: exit code "
                         f"{terminated.get('exitCode')} ({terminated.get('reason') or 'Error'})"
                         + (f": {said}" if said else ""))
-                return Stopped(INIT_CONTAINER_FAILED, f"{what}. What to do: read its log (kubectl logs {pod} -c "
+                return _stop(INIT_CONTAINER_FAILED, what, f"read its log (kubectl logs {pod} -c "
                                f"{container.get('name')}); with slime / miles the team's image (spec.trainer.image) "
                                "needs a shell, Python 3 and Ray: fix the image, then delete and re-create the "
-                               "ForgeReplayJob", what)
+                               "ForgeReplayJob")
     return None
 
 
@@ -132,10 +140,9 @@ def _pull_failed(pod: str, body: dict[str, Any], now: datetime, bounds: Bounds) 
             what = (f"pod {pod} could not pull image {container.get('image') or '?'} for container "
                     f"{container.get('name')} in {seconds} s ({waiting['reason']}: "
                     f"{(waiting.get('message') or '').strip() or 'no message'})")
-            return Stopped(IMAGE_PULL_FAILED, f"{what}. What to do: fix spec.image (or spec.trainer.image with "
+            return _stop(IMAGE_PULL_FAILED, what, "fix spec.image (or spec.trainer.image with "
                            "slime / miles, the operator's --runtime-image when both are empty) or give the pods a "
-                           "pull secret (spec.pod.imagePullSecrets), then delete and re-create the ForgeReplayJob",
-                           what)
+                           "pull secret (spec.pod.imagePullSecrets), then delete and re-create the ForgeReplayJob")
     return None
 
 
@@ -151,9 +158,9 @@ def _crash_loop(pod: str, status: dict[str, Any], bounds: Bounds) -> Stopped | N
                 f"(last exit code {last.get('exitCode', '?')}, {last.get('reason') or 'Error'}"
                 + (f": {said}" if said else "") + ")")
         name = container.get("name")
-        return Stopped(CRASH_LOOP, f"{what}. What to do: read why it exits (kubectl logs {pod} -c {name} "
+        return _stop(CRASH_LOOP, what, f"read why it exits (kubectl logs {pod} -c {name} "
                        "--previous); a team image (spec.trainer.image) must start Ray (ray start); a container "
-                       "OOMKilled needs more memory; then delete and re-create the ForgeReplayJob", what)
+                       "OOMKilled needs more memory; then delete and re-create the ForgeReplayJob")
     return None
 
 
@@ -174,10 +181,10 @@ def start_deadline(job: Any, previous: dict[str, Any], phase: str, now: datetime
     origin = "its admission by Kueue" if queued else "its creation"
     what = (f"the job did not start running within spec.scheduling.startDeadlineSeconds ({limit} s) of {origin} at "
             f"{since_text}; it is {phase}" + (f": {note}" if note else ""))
-    return Stopped(START_DEADLINE_EXCEEDED, f"{what}. What to do: see why it waits (kubectl describe pods -l "
-                   f"ray.io/cluster); ask for what the pool has free (spec.trainer.gpusPerNode, spec.rollout.numGpus, "
-                   "spec.scheduling.nodeSelector / tolerations) or raise startDeadlineSeconds, then delete and "
-                   "re-create the ForgeReplayJob", what)
+    return _stop(START_DEADLINE_EXCEEDED, what, f"see why it waits (kubectl describe pods -l {naming.LABEL_JOB}="
+                 f"{job.metadata.name}); ask for what the pool has free (spec.trainer.gpusPerNode, spec.rollout.numGpus, "
+                 "spec.scheduling.nodeSelector / tolerations) or raise startDeadlineSeconds, then delete and re-create "
+                 "the ForgeReplayJob")
 
 
 def ended(previous: dict[str, Any]) -> bool:
@@ -221,15 +228,17 @@ def first_step_time(previous: dict[str, Any], progress: Any, now_text: str) -> s
     return progress.updated_at or now_text
 
 
-def teardown(status: dict[str, Any], rayjob: dict[str, Any] | None) -> str | None:
-    """What frees a finished job's Ray cluster at once: ``DELETE`` the RayJob of a job that could not start (the
-    RayCluster and its pods go with it), ``TTL_ZERO`` for one that ran out of memory (KubeRay deletes the cluster
-    as soon as the Ray job has ended); None when nothing is held or it is already going."""
+def teardown(status: dict[str, Any], rayjob: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The RayJob spec patch that frees a finished job's Ray cluster at once: ``END_AT_ONCE`` for a job that could
+    not start, ``ttlSecondsAfterFinished: 0`` for one that ran out of memory (KubeRay deletes the cluster as soon
+    as the Ray job has ended); only what the RayJob does not say yet, None when nothing is to change."""
     if rayjob is None or (rayjob.get("metadata") or {}).get("deletionTimestamp"):
         return None
+    spec = rayjob.get("spec") or {}
     if ended(status):
-        return DELETE
-    return TTL_ZERO if out_of_memory.needs_teardown(status, rayjob) else None
+        patch = {key: value for key, value in END_AT_ONCE.items() if spec.get(key) != value}
+        return patch or None
+    return {"ttlSecondsAfterFinished": 0} if out_of_memory.needs_teardown(status, rayjob) else None
 
 
 def waiting_event(old: dict[str, Any] | None, new: dict[str, Any]) -> tuple[str, str] | None:
