@@ -209,6 +209,9 @@ def test_with_a_queue_the_deadline_counts_from_admission_not_from_the_wait_in_th
     assert later["phase"] == "Launching" and later["admissionTime"] == status["admissionTime"]
     late = status_from(deadline_job(previous=previous, **spec), admitted, None, None, now=NOW + timedelta(seconds=600))
     assert cond(late, "Ready")["reason"] == "StartDeadlineExceeded" and "admission by Kueue" in late["message"]
+    # Kueue preempts it back into the queue: the wait there does not count, the next admission starts the clock
+    requeued = status_from(deadline_job(previous=previous, **spec), queued, None, None, now=NOW + timedelta(hours=1))
+    assert requeued["phase"] == "Pending" and requeued["admissionTime"] is None
 
 
 def test_a_running_job_has_no_start_deadline_and_its_first_step_is_recorded() -> None:

@@ -173,6 +173,8 @@ def start_deadline(job: Any, previous: dict[str, Any], phase: str, now: datetime
     if limit is None or phase not in WAITING_PHASES:
         return None
     queued = bool(job.spec.scheduling.queue_name)
+    if queued and phase == "Pending":  # in the Kueue queue (again, if preempted): the next admission starts the clock
+        return None
     since_text = previous.get("admissionTime") if queued else (job.metadata.model_extra or {}).get(
         "creationTimestamp")
     since = _parse_time(since_text)
@@ -210,14 +212,16 @@ def stopped(job: Any, previous: dict[str, Any], phase: str, pods: list[dict[str,
 def admission_time(job: Any, previous: dict[str, Any], rayjob: dict[str, Any] | None, phase: str,
                    now_text: str) -> str | None:
     """``status.admissionTime``: when the job was let start. With a Kueue queue, when the operator first saw its
-    RayJob un-suspended (Kueue admitted it); without one, when its RayJob was created. Kept once set."""
-    if previous.get("admissionTime") or rayjob is None:
-        return previous.get("admissionTime")
+    RayJob un-suspended (Kueue admitted it), cleared while it waits in the queue again (Kueue preempted it: the next
+    admission counts); without one, when its RayJob was created."""
+    kept = previous.get("admissionTime")
+    if rayjob is None or phase in ("Succeeded", "Failed"):
+        return kept
     if not job.spec.scheduling.queue_name:
-        return (rayjob.get("metadata") or {}).get("creationTimestamp") or now_text
+        return kept or (rayjob.get("metadata") or {}).get("creationTimestamp") or now_text
     if (rayjob.get("spec") or {}).get("suspend") or phase in ("Pending", "Suspended"):
         return None
-    return now_text
+    return kept or now_text
 
 
 def first_step_time(previous: dict[str, Any], progress: Any, now_text: str) -> str | None:
