@@ -69,7 +69,11 @@ def test_series_are_per_job_and_go_when_the_job_is_forgotten() -> None:
     ours = [s for s in families["forge_replay_job_rollouts_done"].samples if s.labels["namespace"] == "team-a"]
     assert [(s.labels["name"], s.value) for s in ours] == [("memtest", 3.0)]
 
-    book.set("team-a", "memtest", None)
+    from forge_replay.controller.reconcile import Reconciler
+    from forge_replay.controller.settings import OperatorSettings
+
+    # kopf's DELETED event (handlers.on_job_event) and the resync's list of a job gone both forget it
+    Reconciler(kube=None, settings=OperatorSettings()).forget("team-a", "memtest")  # type: ignore[arg-type]
     text = generate_latest(REGISTRY).decode()
     assert 'namespace="team-a"' not in text and 'namespace="team-b"' in text
     book.set("team-b", "release", None)

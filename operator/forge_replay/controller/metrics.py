@@ -127,6 +127,11 @@ class JobBook:
             else:
                 self._jobs[(namespace, name)] = job_samples(status, created)
 
+    def known(self, namespaces: tuple[str, ...] = ()) -> set[tuple[str, str]]:
+        """The (namespace, name) of every job with series, in ``namespaces`` (all when empty)."""
+        with self._lock:
+            return {key for key in self._jobs if not namespaces or key[0] in namespaces}
+
     def collect(self):
         """One gauge family per metric of JOB_METRICS, a sample per job (and extra label value)."""
         with self._lock:

@@ -139,13 +139,16 @@ class Reconciler:
             return self._jobs.get((namespace, name))
 
     def list_jobs(self, namespaces: tuple[str, ...] = ()) -> list[tuple[str, str, str | None]]:
-        """(namespace, name, phase) of every ForgeReplayJob in ``namespaces`` (all when empty)."""
+        """(namespace, name, phase) of every ForgeReplayJob in ``namespaces`` (all when empty); a job gone without
+        its delete event reaching us (a watch gap) is forgotten here."""
         out = []
         for namespace in namespaces or (None,):
             for item in self.kube.list_all(API_VERSION, KIND, namespace):
                 self.observe_job(item)
                 meta = item["metadata"]
                 out.append((meta["namespace"], meta["name"], (item.get("status") or {}).get("phase")))
+        for namespace, name in metrics.JOBS_BOOK.known(namespaces) - {(ns, n) for ns, n, _ in out}:
+            self.forget(namespace, name)
         return out
 
     # ---------------------------------------------------------------------------------- reconcile

@@ -13,7 +13,9 @@ Conditions are written for kstatus (Flux) and Argo CD health checks:
 - ``status.outcome`` / ``status.outOfMemory`` (``controller.out_of_memory``): an out-of-memory fails the job with
   reason ``OutOfMemory`` (it succeeds when spec.expect.outcome is outOfMemory).
 
-A KubeRay ``Complete`` with a ``jobStatus`` other than ``SUCCEEDED`` is a failure. A failure because the Ray head
+A launch that cannot fix itself (``controller.stuck``: ImagePullFailed, InitContainerFailed, CrashLoop,
+StartDeadlineExceeded) fails the job with that reason. A KubeRay ``Complete`` with a ``jobStatus`` other than
+``SUCCEEDED`` is a failure. A failure because the Ray head
 pod went away mid-run (``head_pod_loss``) says so, with reason ``HeadPodLost``, instead of KubeRay's words about the
 submitter it took down.
 """
