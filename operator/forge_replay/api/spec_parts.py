@@ -371,7 +371,7 @@ class SchedulingSpec(ApiModel):
         default=None, ge=1, le=INT32_MAX,
         description="Seconds the job may wait to run, from its admission by Kueue (with queueName) or from its "
         "creation (without), unschedulable pods included; past it the job fails with reason StartDeadlineExceeded "
-        "and its Ray cluster is deleted. None: it may wait forever.",
+        "and its Ray cluster is deleted. Unset: it may wait forever.",
     )
 
 
