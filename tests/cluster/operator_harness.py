@@ -231,10 +231,10 @@ def chart_operator_rules() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     by a real helm: the chart is their one source, so the least-privilege runs below test what ships.
 
     FORGE_REPLAY_OPERATOR_KUBECONFIG_FACTORY=tests.cluster.operator_harness:least_privilege_kubeconfig"""
-    from tests.unit.test_chart import find, render_chart
+    from tests.unit.test_chart import find, operator_roles, render_chart
 
     objects = render_chart({"watchNamespaces": ["rules"]})
-    (role,) = find(objects, "Role")
+    (role,) = operator_roles(objects, "Role")  # not the leader Lease's Role
     (discovery,) = [o for o in find(objects, "ClusterRole") if o["metadata"]["name"].endswith("-discovery")]
     return role["rules"], discovery["rules"]
 

@@ -171,7 +171,8 @@ def test_deployment_args_parse_with_the_operator_cli() -> None:
 
     values = {"watchNamespaces": ["team-a", "team-b"], "runtimeUid": 4242,
               "runtimeImage": {"repository": "registry.example.com/rt", "digest": "sha256:" + "0f" * 32},
-              "operator": {"resyncSeconds": 0, "watchServerTimeoutSeconds": 120, "verbose": True},
+              "operator": {"resyncSeconds": 0, "watchServerTimeoutSeconds": 120, "verbose": True,
+                           "imagePullSeconds": 90, "crashLoopRestarts": 5},
               "health": {"port": 8181}, "metrics": {"port": 9191}}
     (container,) = only(render_chart(values), "Deployment")["spec"]["template"]["spec"]["containers"]
     context = operator.make_context("operator", list(container["args"]))
@@ -183,6 +184,7 @@ def test_deployment_args_parse_with_the_operator_cli() -> None:
     assert context.params["liveness"] == "http://0.0.0.0:8181/healthz"
     assert context.params["metrics_port"] == 9191
     assert context.params["verbose"] is True
+    assert (context.params["image_pull_seconds"], context.params["crash_loop_restarts"]) == (90, 5)
 
 
 def test_runtime_pod_resources_reach_the_rendered_pods() -> None:
@@ -239,6 +241,16 @@ def test_service_monitor_scrapes_the_metrics_service() -> None:
     assert monitor["metadata"]["labels"]["release"] == "kps"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def test_grafana_dashboard_is_a_sidecar_configmap_of_the_shipped_json_behind_its_flag() -> None:
+    assert find(render_chart(), "ConfigMap") == []
+    objects = render_chart({"metrics": {"grafanaDashboard": {"enabled": True, "namespace": "monitoring"}}})
+    (dashboard,) = find(objects, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["namespace"] == "monitoring"
+    shipped = CHART / "files" / "grafana" / "forge-replay-jobs.json"
+    assert json.loads(dashboard["data"]["forge-replay-jobs.json"]) == json.loads(shipped.read_text())
 
 
 def test_image_digest_wins_over_tag() -> None:

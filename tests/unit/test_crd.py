@@ -69,14 +69,14 @@ def test_resource_names_status_and_columns():
     assert names["categories"]
     version = doc["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Reason", "Mode", "Done", "Rollouts", "Peak GiB", "Points", "Frontier", "Outcome",
-                       "Age"]
-    wide_only = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")}
-    assert wide_only == {"Points", "Frontier"}  # a sweep's columns: `kubectl get -o wide`
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert columns == ["Phase", "Reason", "Mode", "Done", "Rollouts", "Peak GiB", "Outcome", "Age"]
+    # kubectl get frj -o wide: a sweep's progress (issue 32), why a job waits or why it ended (issue 33)
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == ["Points", "Frontier", "Cluster", "Queue", "Admitted", "Expectations", "RayCluster", "Message"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert {"phase", "conditions", "observedGeneration", "rollouts", "memory", "outcome", "outOfMemory",
-            "sweep"} <= set(status["properties"])
+            "sweep", "admissionTime", "firstStepTime"} <= set(status["properties"])
 
 
 def test_enums_bounds_and_defaults_come_from_the_models():

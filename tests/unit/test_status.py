@@ -304,7 +304,7 @@ def test_refusal_names_every_changed_field_and_ignores_suspend() -> None:
 
 
 def test_verify_pod_notes_say_why_verification_is_stuck_or_what_it_printed() -> None:
-    from forge_replay.controller.status import verify_pod_note
+    from forge_replay.controller.stuck import verify_pod_note
 
     unschedulable = {"metadata": {"name": "memtest-verify-x"}, "status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",

@@ -394,6 +394,12 @@ class SchedulingSpec(ApiModel):
         max_length=63,
         description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name and creates the RayJob suspended.",
     )
+    start_deadline_seconds: Int | None = Field(
+        default=None, ge=1, le=INT32_MAX,
+        description="Seconds the job may wait to run, from its admission by Kueue (with queueName) or from its "
+        "creation (without), unschedulable pods included; past it the job fails with reason StartDeadlineExceeded "
+        "and its Ray cluster is deleted. Unset: it may wait forever.",
+    )
 
 
 class LocalObjectReference(ApiModel):

@@ -168,6 +168,13 @@ class ForgeReplayJobStatus(ApiModel):
         default=None, description="Rollouts whose dump holds a rollout_id other than the one its file stands for."
     )
     start_time: str | None = Field(default=None, description="When the RayJob started (RFC 3339).")
+    admission_time: str | None = Field(
+        default=None, description="When the job was let start (RFC 3339): with spec.scheduling.queueName, when Kueue "
+        "admitted its RayJob (as the operator saw it un-suspended); without, when its RayJob was created."
+    )
+    first_step_time: str | None = Field(
+        default=None, description="When the runtime first reported a rollout trained (RFC 3339)."
+    )
     completion_time: str | None = Field(default=None, description="When the job finished (RFC 3339).")
     message: str | None = Field(default=None, description="What is happening now, or why it failed.")
     results: ResultsLocation | None = Field(

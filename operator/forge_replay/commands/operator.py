@@ -53,6 +53,13 @@ def _quantity(context: click.Context, parameter: click.Parameter, value: str) ->
               callback=_quantity, help="Memory request and limit of a trainer pod when trainer.gpusPerNode is 0.")
 @click.option("--shm-size", default=OperatorSettings.shm_size, show_default=True, callback=_quantity,
               help="Size of the in-memory /dev/shm of the Ray pods (capped by each pod's memory limit).")
+@click.option("--image-pull-seconds", default=OperatorSettings.image_pull_seconds, show_default=True,
+              type=click.IntRange(min=1),
+              help="End a job whose Ray pod has failed to pull its image this long after reaching its node "
+                   "(ImagePullFailed).")
+@click.option("--crash-loop-restarts", default=OperatorSettings.crash_loop_restarts, show_default=True,
+              type=click.IntRange(min=1), help="End a job whose Ray container is in CrashLoopBackOff after this many "
+              "restarts (CrashLoop).")
 @click.option("--leader-election-namespace", default=None,
               help="Take the Lease forge-replay-operator in this namespace before acting (two replicas are safe).")
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
@@ -71,6 +78,8 @@ def operator(
     cpu_worker_cpu: str,
     cpu_worker_memory: str,
     shm_size: str,
+    image_pull_seconds: int,
+    crash_loop_restarts: int,
     leader_election_namespace: str | None,
     verbose: bool,
 ) -> None:
@@ -90,6 +99,8 @@ def operator(
         cpu_worker_cpu=cpu_worker_cpu,
         cpu_worker_memory=cpu_worker_memory,
         shm_size=shm_size,
+        image_pull_seconds=image_pull_seconds,
+        crash_loop_restarts=crash_loop_restarts,
         leader_election_namespace=leader_election_namespace or None,
     )
     run_operator(settings, kubeconfig=kubeconfig, verbose=verbose)

@@ -23,7 +23,7 @@ from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ForgeReplayJobSt
 from forge_replay.api.paths import CONFIG_FILE
 from forge_replay.api.progress_report import PROGRESS_KEY, ProgressReport
 from forge_replay.api.runtime_config import RuntimeConfig
-from forge_replay.controller import metrics, naming, out_of_memory
+from forge_replay.controller import metrics, naming, out_of_memory, stuck
 from forge_replay.controller.claims import claim_problems, named_claims
 from forge_replay.controller.kube import Kube, KubeError
 from forge_replay.controller.render import frozen_spec, render, spec_hash
@@ -41,9 +41,9 @@ from forge_replay.controller.status import (
     status_for_claims,
     status_for_invalid_spec,
     status_from,
-    verify_pod_note,
     verify_state,
 )
+from forge_replay.controller.stuck import verify_pod_note
 
 log = logging.getLogger("forge_replay.controller")
 
@@ -122,6 +122,7 @@ class Reconciler:
             self._locks.pop((namespace, name), None)
             self._jobs.pop((namespace, name), None)
         self.phases.set(namespace, name, None)
+        metrics.JOBS_BOOK.set(namespace, name, None)
 
     def observe_job(self, body: dict[str, Any]) -> None:
         """A ForgeReplayJob as a watch event, a list or our own status patch returned it; kept when it is at least
@@ -138,13 +139,16 @@ class Reconciler:
             return self._jobs.get((namespace, name))
 
     def list_jobs(self, namespaces: tuple[str, ...] = ()) -> list[tuple[str, str, str | None]]:
-        """(namespace, name, phase) of every ForgeReplayJob in ``namespaces`` (all when empty)."""
+        """(namespace, name, phase) of every ForgeReplayJob in ``namespaces`` (all when empty); a job gone without
+        its delete event reaching us (a watch gap) is forgotten here."""
         out = []
         for namespace in namespaces or (None,):
             for item in self.kube.list_all(API_VERSION, KIND, namespace):
                 self.observe_job(item)
                 meta = item["metadata"]
                 out.append((meta["namespace"], meta["name"], (item.get("status") or {}).get("phase")))
+        for namespace, name in metrics.JOBS_BOOK.known(namespaces) - {(ns, n) for ns, n, _ in out}:
+            self.forget(namespace, name)
         return out
 
     # ---------------------------------------------------------------------------------- reconcile
@@ -257,7 +261,7 @@ class Reconciler:
         launched_before = bool(previous.get("rayJobName"))
         verify_job = None
         verify_message = None
-        if rayjob is None and not launched_before:
+        if rayjob is None and not launched_before and not stuck.ended(previous):
             if not fresh:
                 raise _StaleJob  # everything before launch acts on the spec
             # Before launch: the claims it names, then every prerequisite, then verify, then the RayJob.
@@ -289,13 +293,14 @@ class Reconciler:
         # After launch the progress ConfigMap also holds the runtime's own result (read when the RayJob is gone).
         progress = self._progress(namespace, name) if _may_have_progress(rayjob, launched_before) else None
         status_job = job.model_copy(update={"status": _status_model(previous)})
+        launch_pods = self._launch_pods(namespace, rayjob)
         status = status_from(
             status_job, rayjob, verify_job, progress, verify_message=verify_message, refusal=refusal,
-            launch_note=self._launch_note(namespace, rayjob),
-            ray_pods=self._ray_pods_at_failure(namespace, rayjob, previous),
+            launch_note=verify_pod_note(launch_pods, failed=False) if launch_pods else None,
+            ray_pods=self._ray_pods_at_failure(namespace, rayjob, previous), launch_pods=launch_pods,
+            bounds=stuck.Bounds(self.settings.image_pull_seconds, self.settings.crash_loop_restarts),
         )
-        if out_of_memory.needs_teardown(status, rayjob):
-            self._tear_down_at_once(rayjob)
+        self._tear_down_at_once(rayjob, stuck.teardown(status, rayjob))
         return self._write_status(body, previous, status)
 
     # ------------------------------------------------------------------------------------ pieces
@@ -373,16 +378,16 @@ class Reconciler:
         namespace, name = job.metadata.namespace, baseline.config_map_name
         return configmap_problem(self.kube.get("v1", "ConfigMap", namespace, name), namespace, name, job.spec)
 
-    def _launch_note(self, namespace: str, rayjob: dict[str, Any] | None) -> str | None:
-        """Why the Ray pods of a launching RayJob do not start, in their own words (None when nothing is stuck)."""
+    def _launch_pods(self, namespace: str, rayjob: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+        """The Ray pods of a launching RayJob: why they do not start, in their own words (``verify_pod_note``), and
+        whether that ends the job (``stuck``). None when it is not launching."""
         status = (rayjob or {}).get("status") or {}
         cluster = status.get("rayClusterName")
         if not cluster or status.get("jobDeploymentStatus") not in ("", None, "New", "Initializing", "Retrying"):
             return None
-        if ((rayjob or {}).get("spec") or {}).get("suspend"):
-            return None  # suspended: its pods are being deleted, none is meant to start
-        pods = self.kube.list("v1", "Pod", namespace, f"ray.io/cluster={cluster}")
-        return verify_pod_note(pods, failed=False)
+        if ((rayjob or {}).get("spec") or {}).get("suspend") or (rayjob or {})["metadata"].get("deletionTimestamp"):
+            return None  # suspended or deleted: its pods are being deleted, none is meant to start
+        return self.kube.list("v1", "Pod", namespace, f"ray.io/cluster={cluster}")
 
     def _ray_pods_at_failure(
         self, namespace: str, rayjob: dict[str, Any] | None, previous: dict[str, Any]
@@ -411,13 +416,15 @@ class Reconciler:
             "ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"], {"spec": {"suspend": wanted}}
         )
 
-    def _tear_down_at_once(self, rayjob: dict[str, Any]) -> None:
-        """A run that ran out of memory keeps no Ray cluster: KubeRay deletes it as soon as the Ray job has ended
-        (ttlSecondsAfterFinished 0 instead of the spec's, which keeps a finished cluster for its logs)."""
+    def _tear_down_at_once(self, rayjob: dict[str, Any] | None, patch: dict[str, Any] | None) -> None:
+        """A job that ran out of memory, or could not start, keeps no Ray cluster (``stuck.teardown``): KubeRay
+        deletes it as soon as the Ray job has ended (ttlSecondsAfterFinished 0 instead of the spec's, which keeps a
+        finished cluster for its logs), and ends a Ray job that never started (activeDeadlineSeconds 1)."""
+        if rayjob is None or not patch:
+            return
         meta = rayjob["metadata"]
         try:
-            self.kube.merge_patch("ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"],
-                                  {"spec": {"ttlSecondsAfterFinished": 0}})
+            self.kube.merge_patch("ray.io/v1", naming.RAY_KIND, meta["namespace"], meta["name"], {"spec": patch})
         except KubeError as exc:
             if exc.status != 404:  # a RayJob already gone holds no cluster
                 raise
@@ -448,6 +455,8 @@ class Reconciler:
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         self.phases.set(namespace, name, status.get("phase"))
+        merged = {k: v for k, v in {**previous, **status}.items() if v is not None}  # as the merge patch leaves it
+        metrics.JOBS_BOOK.set(namespace, name, merged, meta.get("creationTimestamp"))
         if same_status(previous, status):
             return status
         self.observe_job(self.kube.merge_patch(API_VERSION, KIND, namespace, name, {"status": status}, status=True))
@@ -458,7 +467,12 @@ class Reconciler:
             ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
             if failed_now and ready.get("reason") == out_of_memory.OUT_OF_MEMORY:  # the record's one line
                 reason, message = out_of_memory.OUT_OF_MEMORY, out_of_memory.line(status.get("outOfMemory"))
+            elif failed_now and ready.get("reason") in stuck.REASONS:  # why it could not start, and what to change
+                reason = ready["reason"]
             self._event(body, reason, message, warning=failed_now)
+        waiting = stuck.waiting_event(previous, status)  # why a launching job waits: a Ray pod's own words
+        if waiting is not None:
+            self._event(body, *waiting, warning=False)
         # A refusal or an API error: one Warning per cause and generation (a new failure has its own above).
         if new_warning(previous, status) and not failed_now:
             stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")

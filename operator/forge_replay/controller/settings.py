@@ -45,6 +45,12 @@ class OperatorSettings:
     engine_command: str | None = None
     """sglang server command passed to the runtime; None lets the runtime use its default."""
 
+    image_pull_seconds: int = 300
+    """A Ray pod whose image pull has failed (ErrImagePull / ImagePullBackOff) this long after it reached its node
+    ends the job (reason ImagePullFailed)."""
+    crash_loop_restarts: int = 3
+    """A Ray container in CrashLoopBackOff after this many restarts ends the job (reason CrashLoop)."""
+
     # Production knobs of the kopf shell (see docs/operator.md).
     watch_server_timeout: int = 300
     """Seconds the API server keeps a watch open before kopf reconnects (catches silent stalls)."""

@@ -13,7 +13,9 @@ Conditions are written for kstatus (Flux) and Argo CD health checks:
 - ``status.outcome`` / ``status.outOfMemory`` (``controller.out_of_memory``): an out-of-memory fails the job with
   reason ``OutOfMemory`` (it succeeds when spec.expect.outcome is outOfMemory).
 
-A KubeRay ``Complete`` with a ``jobStatus`` other than ``SUCCEEDED`` is a failure. A failure because the Ray head
+A launch that cannot fix itself (``controller.stuck``: ImagePullFailed, InitContainerFailed, CrashLoop,
+StartDeadlineExceeded) fails the job with that reason. A KubeRay ``Complete`` with a ``jobStatus`` other than
+``SUCCEEDED`` is a failure. A failure because the Ray head
 pod went away mid-run (``head_pod_loss``) says so, with reason ``HeadPodLost``, instead of KubeRay's words about the
 submitter it took down.
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 from forge_replay.api import ForgeReplayJob, Problem
 from forge_replay.api.progress_report import ProgressReport
-from forge_replay.controller import out_of_memory
+from forge_replay.controller import out_of_memory, stuck
 from forge_replay.controller.head_pod import head_pod_loss
 from forge_replay.controller.out_of_memory import Finding
 from forge_replay.controller.naming import results_folder
@@ -92,30 +94,6 @@ def verify_state(verify_job: dict[str, Any] | None, verify_message: str | None =
     return VerifyState("running")
 
 
-def verify_pod_note(pods: list[dict[str, Any]], *, failed: bool) -> str | None:
-    """What pods say: the termination message once failed, else why a pod is stuck (if one is).
-
-    Used for the verify Job's pod and, while a RayJob launches, for its Ray pods (``launch_note``)."""
-    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
-        name = pod["metadata"]["name"]
-        status = pod.get("status") or {}
-        for cs in status.get("containerStatuses") or []:
-            state = cs.get("state") or {}
-            terminated = state.get("terminated") or {}
-            if failed and terminated.get("message"):
-                return terminated["message"]
-            if failed and terminated:
-                return f"exit code {terminated.get('exitCode')} ({terminated.get('reason') or 'Error'}), no output"
-            waiting = state.get("waiting") or {}
-            if not failed and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
-                return f"pod {name}: {waiting['reason']}: {waiting.get('message') or ''}".rstrip(": ")
-        if not failed:
-            for cond in status.get("conditions") or []:
-                if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                    return f"pod {name} cannot be scheduled: {cond.get('message') or cond.get('reason')}"
-    return None
-
-
 def status_from(
     job: ForgeReplayJob,
     rayjob: dict[str, Any] | None,
@@ -126,13 +104,16 @@ def status_from(
     refusal: Refusal | None = None,
     launch_note: str | None = None,
     ray_pods: list[dict[str, Any]] | None = None,
+    launch_pods: list[dict[str, Any]] | None = None,
+    bounds: stuck.Bounds | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """The status of ``job`` given its observed children (``job.status`` is the previous status).
 
     ``launch_note`` is why a Ray pod of a launching RayJob is stuck (its own reason: unschedulable, image
     pull, ...); it goes into ClusterReady and the message. ``ray_pods`` are the pods of the RayJob's Ray cluster
-    as read when it failed: whether its head pod was lost mid-run (``head_pod_loss``)."""
+    as read when it failed: whether its head pod was lost mid-run (``head_pod_loss``). ``launch_pods`` are its pods
+    as read while it launches: a failure that cannot fix itself, past its ``bounds``, ends the job (``stuck``)."""
     now = now or datetime.now(timezone.utc)
     now_text = rfc3339(now)
     previous = _previous(job)
@@ -144,6 +125,9 @@ def status_from(
         run = _run_without_rayjob(previous, progress)
     else:
         run = _run_before_launch(job, verify, verify_message)
+    stop = stuck.stopped(job, previous, run.phase, launch_pods, now, bounds, launch_note)
+    if stop is not None:  # it could not start, and will not: it ends (docs/operator.md "Why a job ended")
+        run = _Run("Failed", stop.reason, stop.message, _Cond("False", stop.reason, stop.cluster), now_text)
 
     launched = rayjob is not None or launched_before
     found = out_of_memory.finding(job, previous, progress, ray_pods, run.phase) if launched else Finding()
@@ -178,6 +162,8 @@ def status_from(
         "outcome": found.outcome,
         "outOfMemory": found.record,
         "startTime": _start_time(previous, rayjob),
+        "admissionTime": stuck.admission_time(job, previous, rayjob, run.phase, now_text),
+        "firstStepTime": stuck.first_step_time(previous, progress, now_text),
         "completionTime": run.completion if run.phase in TERMINAL_PHASES else None,
         "message": _tail(message),
         "results": results_location(job),
