@@ -34,7 +34,8 @@ TTL_SECONDS = 15  # ttlSecondsAfterFinished of the e2e jobs
 # Ray counts each pod as 1 CPU (KubeRay rounds up).
 SMALL_RUNTIME_RESOURCES = {"head": {"cpu": "250m", "memory": "3Gi"}, "cpuWorker": {"cpu": "250m", "memory": "6Gi"},
                            "shmSize": "1Gi"}
-SMALL_VERIFY_RESOURCES = {"cpus": 1, "memoryGiB": 1}  # spec.replay.verifyResources: the verify pod is sized per job
+SMALL_VERIFY_RESOURCES = {"cpus": 1, "memoryGiB": 1}
+STUCK_IMAGE_PULL_SECONDS = 30  # the operator's --image-pull-seconds in these tests  # spec.replay.verifyResources: the verify pod is sized per job
 
 _STATE: dict[str, object] = {"plane": None, "failed": False}
 
@@ -109,7 +110,11 @@ def operator_release(real_cluster: ControlPlane, product_images: ProductImages) 
     runtime_repository, runtime_tag = product_images.runtime.reference.rsplit(":", 1)
     values = {"image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
               "runtimeImage": {"repository": runtime_repository, "tag": runtime_tag},
-              "crds": {"install": False}, "runtimeResources": SMALL_RUNTIME_RESOURCES}
+              "crds": {"install": False}, "runtimeResources": SMALL_RUNTIME_RESOURCES,
+              # short bounds, so that scenario 11's stuck jobs end within minutes (the defaults: 300 s, 3 restarts,
+              # a resync every 60 s, which is also how late a bound can be noticed: pods are not watched)
+              "operator": {"imagePullSeconds": STUCK_IMAGE_PULL_SECONDS, "crashLoopRestarts": 2,
+                           "resyncSeconds": 15}}
     path = real_cluster.workdir / "operator-values.json"
     path.write_text(json.dumps(values))
     real_cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE)
