@@ -207,3 +207,27 @@ def smoke_run(real_cluster: ControlPlane, operator_release: dict) -> SmokeRun:
     folders = list((results / namespace / "smoke-cpu").iterdir()) if (results / namespace).exists() else []
     assert len(folders) == 1, f"expected one run folder under {results}, found {folders}"
     return SmokeRun(namespace, job["status"], folders[0], finished)
+
+
+def run_noting_roles(plane: ControlPlane, namespace: str, name: str, job: dict,
+                     timeout: float = 900) -> tuple[dict, dict[str, str]]:
+    """Apply ``job`` and wait for its end (Succeeded or Failed), noting the role (``forgereplay.io/role``: head,
+    trainer, rollout, ...) of each of its pods by pod name and IP while it ran: (status, roles)."""
+    plane.kubectl("apply", "-f", "-", input=json.dumps(job))
+    roles: dict[str, str] = {}
+    deadline = time.monotonic() + timeout
+    status: dict = {}
+    while time.monotonic() < deadline:
+        pods = json.loads(plane.kubectl("get", "-n", namespace, "pods", "-l", f"forgereplay.io/job={name}",
+                                        "-o", "json").stdout)["items"]
+        for pod in pods:
+            role = pod["metadata"]["labels"].get("forgereplay.io/role", "?")
+            roles[pod["metadata"]["name"]] = role
+            if (pod.get("status") or {}).get("podIP"):
+                roles[pod["status"]["podIP"]] = role
+        status = json.loads(plane.kubectl("get", "-n", namespace, "forgereplayjob", name, "-o", "json").stdout
+                            ).get("status", {})
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
+        time.sleep(3)
+    return status, roles

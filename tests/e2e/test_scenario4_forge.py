@@ -30,13 +30,13 @@ from tests.e2e.conftest import (
     SMALL_VERIFY_RESOURCES,
     TTL_SECONDS,
     provide_volume,
+    run_noting_roles,
     write_dumps,
 )
 
 ROLLOUTS = 3
 NAMESPACE = "e2e-forge"
 RECORDS = "engine-calls"  # under the results volume: SGLANG_DOUBLE_RECORD_DIR of each job's engines
-ROLE = "forgereplay.io/role"
 
 
 @dataclass(frozen=True)
@@ -67,23 +67,7 @@ def forge_job(name: str, weight_sync: str, image: str) -> dict:
 
 def run_to_the_end(plane, name: str, job: dict, results: Path, timeout: float = 900) -> ForgeRun:
     """Apply ``job`` and wait for its end, noting which pod of the job had which IP while it ran."""
-    plane.kubectl("apply", "-f", "-", input=json.dumps(job))
-    roles: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    status: dict = {}
-    while time.monotonic() < deadline:
-        pods = json.loads(plane.kubectl("get", "-n", NAMESPACE, "pods", "-l", f"forgereplay.io/job={name}",
-                                        "-o", "json").stdout)["items"]
-        for pod in pods:
-            role = pod["metadata"]["labels"].get(ROLE, "?")
-            roles[pod["metadata"]["name"]] = role
-            if (pod.get("status") or {}).get("podIP"):
-                roles[pod["status"]["podIP"]] = role
-        status = json.loads(plane.kubectl("get", "-n", NAMESPACE, "forgereplayjob", name, "-o", "json").stdout
-                            ).get("status", {})
-        if status.get("phase") in ("Succeeded", "Failed"):
-            break
-        time.sleep(3)
+    status, roles = run_noting_roles(plane, NAMESPACE, name, job, timeout)
     assert status.get("phase") == "Succeeded", f"{name}: {json.dumps(status, indent=1)}"
     (folder,) = (results / NAMESPACE / name).iterdir()
     report = json.loads((folder / "report.json").read_text())

@@ -19,8 +19,8 @@ import yaml
 
 from forge_replay.api.paths import RESULTS_MOUNT
 from tests.cluster import images
-from tests.e2e.conftest import REPO, SMALL_VERIFY_RESOURCES, TTL_SECONDS, provide_volume, smoke_job, write_dumps
-from tests.e2e.test_scenario4_forge import ROLE
+from tests.e2e.conftest import (REPO, SMALL_VERIFY_RESOURCES, TTL_SECONDS, provide_volume, run_noting_roles,
+                                smoke_job, write_dumps)
 from tests.integration.test_forge_run import received_by_version
 
 NAMESPACE = "e2e-two-pods"
@@ -30,23 +30,7 @@ RECORDS = "engine-calls"
 
 def _run(plane, name: str, job: dict, results, timeout: float = 900) -> tuple[dict, dict, dict[str, str]]:
     """Apply ``job``, wait for its end; (status, report, pod name and IP -> role) of the run."""
-    plane.kubectl("apply", "-f", "-", input=json.dumps(job))
-    roles: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    status: dict = {}
-    while time.monotonic() < deadline:
-        pods = json.loads(plane.kubectl("get", "-n", NAMESPACE, "pods", "-l", f"forgereplay.io/job={name}",
-                                        "-o", "json").stdout)["items"]
-        for pod in pods:
-            role = pod["metadata"]["labels"].get(ROLE, "?")
-            roles[pod["metadata"]["name"]] = role
-            if (pod.get("status") or {}).get("podIP"):
-                roles[pod["status"]["podIP"]] = role
-        status = json.loads(plane.kubectl("get", "-n", NAMESPACE, "forgereplayjob", name, "-o", "json").stdout
-                            ).get("status", {})
-        if status.get("phase") in ("Succeeded", "Failed"):
-            break
-        time.sleep(3)
+    status, roles = run_noting_roles(plane, NAMESPACE, name, job, timeout)
     assert status.get("phase") == "Succeeded", f"{name}: {json.dumps(status, indent=1)}"
     (folder,) = (results / NAMESPACE / name).iterdir()
     return status, json.loads((folder / "report.json").read_text()), roles
