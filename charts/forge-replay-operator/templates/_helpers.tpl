@@ -61,7 +61,7 @@ in docs/operator.md (one rule list for the ClusterRole and for every namespaced 
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
 # The dump-verification Job, and pods: the verify pod's termination message (the DumpsVerified message), why a
-# launching Ray pod does not start, whether a failed job's Ray head pod was lost mid-run.
+# launching Ray pod does not start, whether a failed job's Ray head pod was lost mid-run, the Ray pods' image digests.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create"]
@@ -72,8 +72,9 @@ in docs/operator.md (one rule list for the ClusterRole and for every namespaced 
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["get"]
-# The job config and the progress ConfigMap the runtime publishes into. The operator must itself hold
-# get/patch on configmaps to grant them to the runtime's Role (RBAC forbids escalation).
+# The job config and the progress ConfigMap the runtime publishes into (the operator patches the Ray pods' image
+# digests into it). The operator must itself hold get/patch on configmaps to grant them to the runtime's Role (RBAC
+# forbids escalation).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]

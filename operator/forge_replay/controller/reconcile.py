@@ -8,6 +8,7 @@ duplicates anything. The decisions themselves are pure (``render``, ``status_fro
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -20,11 +21,13 @@ import yaml
 from pydantic import ValidationError
 
 from forge_replay.api import API_VERSION, KIND, ForgeReplayJob, ForgeReplayJobStatus, SpecInvalid, parse_job
+from forge_replay.api.images import IMAGES_KEY
 from forge_replay.api.paths import CONFIG_FILE
 from forge_replay.api.progress_report import PROGRESS_KEY, ProgressReport
 from forge_replay.api.runtime_config import RuntimeConfig
 from forge_replay.controller import metrics, naming, out_of_memory, stuck
 from forge_replay.controller.claims import claim_problems, named_claims
+from forge_replay.controller.images import ray_pod_images
 from forge_replay.controller.kube import Kube, KubeError
 from forge_replay.controller.render import frozen_spec, render, spec_hash
 from forge_replay.controller.settings import OperatorSettings
@@ -291,7 +294,9 @@ class Reconciler:
             rayjob = self._propagate_suspend(job, rayjob, fresh)
 
         # After launch the progress ConfigMap also holds the runtime's own result (read when the RayJob is gone).
-        progress = self._progress(namespace, name) if _may_have_progress(rayjob, launched_before) else None
+        progress_map = self._progress_map(namespace, name) if _may_have_progress(rayjob, launched_before) else None
+        progress = self._progress(namespace, name, progress_map)
+        self._record_images(job, rayjob, progress_map)
         status_job = job.model_copy(update={"status": _status_model(previous)})
         launch_pods = self._launch_pods(namespace, rayjob)
         status = status_from(
@@ -429,8 +434,29 @@ class Reconciler:
             if exc.status != 404:  # a RayJob already gone holds no cluster
                 raise
 
-    def _progress(self, namespace: str, name: str) -> ProgressReport | None:
-        config = self.kube.get("v1", "ConfigMap", namespace, naming.progress_map_name(name))
+    def _progress_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.kube.get("v1", "ConfigMap", namespace, naming.progress_map_name(name))
+
+    def _record_images(self, job: ForgeReplayJob, rayjob: dict[str, Any] | None,
+                       progress_map: dict[str, Any] | None) -> None:
+        """Once the Ray job runs: the Ray pods' image digests (``images.ray_pod_images``) into the progress ConfigMap,
+        where the runtime reads them for report.json's environment (it may not read pods itself). Once per job: not
+        again when recorded, nor while a pod has not reported its image yet (a later reconcile records them)."""
+        status = (rayjob or {}).get("status") or {}
+        cluster = status.get("rayClusterName")
+        if progress_map is None or not cluster or status.get("jobDeploymentStatus") != "Running":
+            return
+        if IMAGES_KEY in (progress_map.get("data") or {}):
+            return
+        pods = self.kube.list("v1", "Pod", progress_map["metadata"]["namespace"], f"ray.io/cluster={cluster}")
+        images = ray_pod_images(pods, byo=job.spec.trainer.backend != "builtin")
+        if images is None:
+            return
+        meta = progress_map["metadata"]
+        self.kube.merge_patch("v1", "ConfigMap", meta["namespace"], meta["name"],
+                              {"data": {IMAGES_KEY: json.dumps(images, sort_keys=True)}})
+
+    def _progress(self, namespace: str, name: str, config: dict[str, Any] | None) -> ProgressReport | None:
         text = ((config or {}).get("data") or {}).get(PROGRESS_KEY)
         if not text:
             return None

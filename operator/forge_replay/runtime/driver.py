@@ -483,6 +483,10 @@ class _ReplayRun:
         report.summary = summarize(report.rollouts, report.evals, report.time_to_first_step_seconds)
         report.partial = report.error is not None or report.completed < report.planned
         report.outcome = outcome_of(report.to_dict(), self.budget)
+        if report.environment:  # in-cluster: the images the Ray pods ran, as the operator recorded them
+            digests = self.publisher.image_digests()
+            if digests:
+                report.environment["image_digests"] = digests
         judged = report.error is None or (report.out_of_memory is not None and spec.expect is not None
                                           and spec.expect.outcome is not None)
         if judged and spec.expect is not None:  # the verdict on a run that finished (or was stopped, or ran out

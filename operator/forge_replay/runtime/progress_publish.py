@@ -55,7 +55,26 @@ class ProgressPublisher:
                     self.namespace, self.configmap, exc,
                 )
 
-    def _patch_configmap(self, text: str) -> None:
+    def image_digests(self) -> dict:
+        """The Ray pods' image digests the operator recorded into the progress ConfigMap
+        (``forge_replay.api.images``), by role; empty without a ConfigMap (a local run has no image), before the
+        operator recorded them, or when it cannot be read (logged: they explain a regression, never gate one)."""
+        from forge_replay.api.images import IMAGES_KEY, read_images
+
+        if not self.configmap:
+            return {}
+        try:
+            data = self._client().read_namespaced_config_map(self.configmap, self.namespace).data or {}
+        except Exception as exc:  # noqa: BLE001 - like publishing, reading the digests is never fatal
+            log.warning("cannot read the image digests from ConfigMap %s/%s: %s", self.namespace, self.configmap, exc)
+            return {}
+        images = read_images(data.get(IMAGES_KEY))
+        if not images:
+            log.info("ConfigMap %s/%s holds no image digests (%s): report.json records none",
+                     self.namespace, self.configmap, IMAGES_KEY)
+        return images
+
+    def _client(self):
         if self._core is None:
             from kubernetes import client, config
 
@@ -63,7 +82,10 @@ class ProgressPublisher:
             self._core = client.CoreV1Api()
             if self.namespace is None:
                 self.namespace = SERVICEACCOUNT_NAMESPACE.read_text().strip()
-        self._core.patch_namespaced_config_map(self.configmap, self.namespace, {"data": {PROGRESS_KEY: text}})
+        return self._core
+
+    def _patch_configmap(self, text: str) -> None:
+        self._client().patch_namespaced_config_map(self.configmap, self.namespace, {"data": {PROGRESS_KEY: text}})
 
 
 def record_result(config, phase: str, message: str = "", expectations: list[dict] | None = None,

@@ -16,7 +16,8 @@ ENVIRONMENT_KEYS = ("seed", "torch", "transformers", "forge_replay", "device", "
 debug replay is bit for bit only at equal thread counts (torch's intra-op threads, OMP_NUM_THREADS,
 MKL_NUM_THREADS). ``device`` is the GPU product. With the job's spec the environment also holds what explains a run
 whose memory or speed moved (the runtime's ``run_settings``: the memory-only ``trainer`` settings,
-``images``, ``engine_args``, ``engines``), which :mod:`.explain` compares generically (issue 35)."""
+``images``, ``engine_args``, ``engines``) and in a cluster the Ray pods' ``image_digests``
+(``forge_replay.api.images``), which :mod:`.explain` compares generically (issue 35)."""
 
 BLOCKING = ("mode", "model")
 """Identity fields whose difference fails a comparison unless it is allowed (``--allow-different``,
