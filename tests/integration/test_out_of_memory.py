@@ -4,7 +4,8 @@ whose limit the trainer exceeds (a container's memory limit, here made by the te
 The run's first rollout fits; the second packs 64k tokens into one micro-batch, whose logits alone (64k x 16384
 vocabulary x float32 = 4 GiB) are more than the cgroup allows: the kernel's OOM killer kills the trainer rank in that
 step. The run must say so (outcome outOfMemory, the signal, rank, rollout and phase), exit 4, keep the step it
-finished, unlock its results folder and leave no process behind.
+finished, unlock its results folder and leave no process behind. A sweep (issue 32) whose large points run out of
+memory the same way records each as a point ended outOfMemory and runs the next point.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,45 @@ def oom_kills(cgroup: Path) -> int:
     return int(dict(line.split() for line in (cgroup / "memory.oom_control").read_text().splitlines())["oom_kill"])
 
 
+@dataclass
+class CgroupRun:
+    """How a command run in a memory cgroup of its own ended."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    left: list[str]
+    """The pids still in the cgroup 15 s after the command exited (the local Ray, its workers): none expected."""
+    oom_kills_before: int
+    oom_kills: int
+    """The cgroup's oom_kill counter before the command started and after it ended (the kernel's own count)."""
+
+
+def run_in_memory_cgroup(argv: list[str], cwd: Path, limit_bytes: int = LIMIT) -> CgroupRun:
+    """``argv`` (a `forge-replay run`) in a session of its own, moved into a new memory cgroup of ``limit_bytes``
+    before it executes: only the run goes in, not this test. Killed (its process group) after 300 s."""
+    # Ray starts idle workers ahead (one per CPU on some versions and machines): not here, so that what the run
+    # needs before its large step does not grow with the machine's CPUs.
+    env = {**os.environ, "RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+    with memory_cgroup(limit_bytes) as cgroup:
+        procs = cgroup / "cgroup.procs"
+        before = oom_kills(cgroup)
+        run = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True,
+                               preexec_fn=lambda: procs.write_text(str(os.getpid())))  # only the run goes in
+        try:
+            stdout, stderr = run.communicate(timeout=300)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, 9)
+                run.wait()
+        deadline = time.monotonic() + 15
+        while procs.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return CgroupRun(run.returncode, stdout, stderr, left=procs.read_text().split(), oom_kills_before=before,
+                         oom_kills=oom_kills(cgroup))
+
+
 def job_and_dumps(tmp_path: Path) -> Path:
     """Rollout 0: 4 samples of 64 tokens. Rollout 1: 128 samples of 512 tokens, one micro-batch of 64k tokens."""
     from forge_replay.dumps import save
@@ -108,26 +149,9 @@ def test_a_trainer_over_its_memory_cgroup_limit_ends_out_of_memory_exit_4_and_ho
     results = tmp_path / "results"
     argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--no-progress",
             "--dumps-root", str(tmp_path / "dumps"), "--results", str(results)]
-    # Ray starts idle workers ahead (one per CPU on some versions and machines): not here, so that what the run
-    # needs before rollout 1 does not grow with the machine's CPUs.
-    env = {**os.environ, "RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
-    with memory_cgroup(LIMIT) as cgroup:
-        procs = cgroup / "cgroup.procs"
-        run = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True,
-                               preexec_fn=lambda: procs.write_text(str(os.getpid())))  # only the run goes in
-        try:
-            stdout, stderr = run.communicate(timeout=300)
-        finally:
-            if run.poll() is None:
-                os.killpg(run.pid, 9)
-                run.wait()
-        deadline = time.monotonic() + 15
-        while procs.read_text().split() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = procs.read_text().split()  # the local Ray and every worker of the run: gone
-        kills = oom_kills(cgroup)
-    assert run.returncode == 4, stderr[-4000:]
+    ran = run_in_memory_cgroup(argv, tmp_path)
+    stdout, stderr, left, kills = ran.stdout, ran.stderr, ran.left, ran.oom_kills  # left: Ray and its workers
+    assert ran.returncode == 4, stderr[-4000:]
     assert not left, f"processes of the run left in its cgroup: {left}"
     assert kills >= 1  # the kernel's own count: it did kill in there
 
@@ -179,24 +203,9 @@ def test_a_slime_job_over_its_memory_cgroup_limit_is_reported_the_same_way(tmp_p
     results = tmp_path / "results"
     argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--trainer-root", str(stand_in),
             "--dumps-root", str(tmp_path / "dumps"), "--results", str(results)]
-    env = {**os.environ, "RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
-    with memory_cgroup(LIMIT) as cgroup:
-        procs = cgroup / "cgroup.procs"
-        run = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True,
-                               preexec_fn=lambda: procs.write_text(str(os.getpid())))
-        try:
-            stdout, stderr = run.communicate(timeout=300)
-        finally:
-            if run.poll() is None:
-                os.killpg(run.pid, 9)
-                run.wait()
-        deadline = time.monotonic() + 15
-        while procs.read_text().split() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = procs.read_text().split()
-        kills = oom_kills(cgroup)
-    assert run.returncode == 4, (stdout + stderr)[-4000:]
+    ran = run_in_memory_cgroup(argv, tmp_path)
+    stdout, stderr, left, kills = ran.stdout, ran.stderr, ran.left, ran.oom_kills
+    assert ran.returncode == 4, (stdout + stderr)[-4000:]
     assert not left, f"processes of the run left in its cgroup: {left}"
     assert kills >= 1
     log = (results / "trainer.log").read_text()
@@ -213,3 +222,93 @@ def test_a_slime_job_over_its_memory_cgroup_limit_is_reported_the_same_way(tmp_p
     assert progress["result"]["phase"] == "Failed" and progress["result"]["outcome"] == "outOfMemory"
     assert not (results / ".forge-replay.lock").exists()
     assert f"forge-replay run {job}: out of memory ({oom['signal']})" in stderr
+
+
+STRETCH = (512, 576)
+"""The first axis, replay.stretch.maxTokens: the dump's own length, then a little longer. It is there to put a point
+that fits after one that runs out of memory (the last axis varies fastest; its values increase)."""
+SMALL, LARGE = 1024, 16 * 512
+"""The last axis, trainer.microBatchTokens; the sweep's dump is 16 samples of 512 tokens, one micro-batch at LARGE."""
+SWEEP_LIMIT = 5 * 2**29
+"""2.5 GiB: a point of 1024 tokens per micro-batch fits (measured here: its rank 1.1 GiB of RSS at most, the whole
+run 1.9); one of 8192 tokens does not (0.5 GiB of logits, as much again for their log-probs and their gradients:
+its rank alone about 2.6 GiB, tests/integration/test_sweep.py)."""
+
+
+def sweep_job(tmp_path: Path) -> Path:
+    """A debug-mode grid of replay.stretch.maxTokens x trainer.microBatchTokens: in grid order a point that fits,
+    one that runs out of memory, one that fits, one that runs out."""
+    from forge_replay.dumps import save
+    from forge_replay.dumps.synth import synth_samples
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    save(dumps / "fixed.pt", 0, synth_samples(0, 4, 4, 16, STRETCH[0] - 16, vocab_size=VOCAB))
+    job = tmp_path / "sweep.yaml"
+    job.write_text(yaml.safe_dump({
+        "apiVersion": "forgereplay.io/v1alpha1", "kind": "ForgeReplayJob", "metadata": {"name": "oom-sweep"},
+        "spec": {"replay": {"mode": "debug", "dumps": {"claimName": "dumps", "path": "fixed.pt"}, "numRollouts": 2},
+                 "model": {"config": TINY},
+                 "trainer": {"nodes": 1, "gpusPerNode": 0, "microBatchTokens": SMALL, "dtype": "float32",
+                             "gradientCheckpointing": False, "nSamplesPerPrompt": 4},
+                 "sweep": {"search": "grid", "budgetGiB": 2.5, "headroom": 0.0, "rolloutsPerPoint": 2,
+                           "axes": [{"field": "replay.stretch.maxTokens", "values": list(STRETCH)},
+                                    {"field": "trainer.microBatchTokens", "values": [SMALL, LARGE]}]},
+                 # met only by the point run after an out-of-memory one
+                 "expect": {"frontier": [{"at": {"replay.stretch.maxTokens": STRETCH[1]},
+                                          "fits": {"trainer.microBatchTokens": SMALL}}]}}}))
+    return job
+
+
+def test_a_sweep_records_a_point_that_runs_out_of_memory_and_runs_the_next(tmp_path, record_property):
+    """`forge-replay run` of a sweep in a 2.5 GiB cgroup: the kernel kills the trainer rank at each point of 8192
+    tokens per micro-batch; each is recorded (outcome outOfMemory, the signal, where, when) and the point after the
+    first runs whole on a new rank. The sweep's result is its points: exit 0, the frontier, its verdict met."""
+    job = sweep_job(tmp_path)
+    results = tmp_path / "results"
+    argv = [sys.executable, "-m", "forge_replay.cli", "run", str(job), "--no-progress",
+            "--dumps-root", str(tmp_path / "dumps"), "--results", str(results)]
+    began = time.monotonic()
+    ran = run_in_memory_cgroup(argv, tmp_path, SWEEP_LIMIT)
+    record_property("sweep_seconds", round(time.monotonic() - began, 1))
+    output = ran.stdout + ran.stderr
+    # Points that ran out of memory are the sweep's findings, not its failure: exit 0, the frontier verdict met.
+    assert ran.returncode == 0, output[-4000:]
+    assert not ran.left, f"processes of the run left in its cgroup: {ran.left}"
+    assert not (results / ".forge-replay.lock").exists()  # the results folder is unlocked
+
+    report = json.loads((results / "report.json").read_text())
+    sweep = report["sweep"]
+    assert report["error"] is None and report["partial"] is False and report["outcome"] is None
+    points = sweep["points"]
+    assert [(p["values"]["replay.stretch.maxTokens"], p["values"]["trainer.microBatchTokens"], p["outcome"])
+            for p in points] == [(STRETCH[0], SMALL, "fits"), (STRETCH[0], LARGE, "outOfMemory"),
+                                 (STRETCH[1], SMALL, "fits"), (STRETCH[1], LARGE, "outOfMemory")], points
+    assert sweep["points_run"] == 4 == sweep["grid_points"]
+    signals, killed = [], []
+    for index, point in enumerate(points, start=1):
+        own = json.loads((results / "points" / f"{index:02d}" / "report.json").read_text())
+        assert own["outcome"] == point["outcome"]
+        if point["outcome"] == "outOfMemory":  # the killed step, said where and how
+            oom = own["out_of_memory"]
+            signals.append(oom["signal"])
+            killed.append(oom["where"]["pid"])
+            assert oom["signal"] in ("kernelOomKiller", "rayMemoryMonitor")
+            if oom["signal"] == "kernelOomKiller":
+                assert oom["how_much"]["limit_bytes"] == SWEEP_LIMIT
+            assert oom["where"]["component"] == "trainer" and oom["where"]["rank"] == 0 and oom["where"]["pid"] > 0
+            assert oom["when"]["rollout"] == 0 and oom["when"]["phase"] in ("forward", "backward")
+            assert point["fits"] is False and point["step_seconds"] == [] and own["completed"] == 0
+            assert point["message"].startswith(f"out of memory ({oom['signal']}): rank 0")
+        else:  # the point after the first out-of-memory one ran whole: both steps, under the budget
+            assert point["fits"] is True and len(point["step_seconds"]) == 2 and own["completed"] == 2
+            assert 0 < point["peak_gib"] <= 2.5
+    record_property("oom_signals", ",".join(signals))
+    assert len(set(killed)) == 2  # each point its own rank: the one killed at point 2 came back as a new one
+    assert ran.oom_kills - ran.oom_kills_before >= max(1, signals.count("kernelOomKiller"))  # the kernel's count
+    assert [(f["at"], f["value"], f["complete"]) for f in sweep["frontier"]] == [
+        ({"replay.stretch.maxTokens": s}, SMALL, True) for s in STRETCH]
+    assert report["expectations"][0]["name"] == "frontier" and report["expectations"][0]["passed"]
+    progress = json.loads((results / "progress.json").read_text())["sweep"]
+    assert progress["pointsDone"] == 4 and progress["outOfMemory"] == 2 and progress["finished"]
+    assert "sweep point 3" in output and "sweep point 4" in output
