@@ -8,8 +8,10 @@ after the TTL):
 - an image that cannot be pulled (`spec.image` names a registry the node cannot reach): `ImagePullFailed`;
 - a slime job whose `spec.image` (the image the init container copies forge_replay from) has no Python: the init
   container fails, `InitContainerFailed`;
-- a job whose image has no Ray (the node's busybox: `ray start` cannot run): the head container crash-loops,
-  `CrashLoop`;
+- a job whose image has a shell and Python but no Ray (the operator's image): `ray start` is not found, the head
+  container crash-loops, `CrashLoop` (while the workers' init container, KubeRay's `wait-gcs-ready`, keeps waiting
+  for a head that never comes; busybox would not do: it has no bash, so that init container would fail first and
+  the job end `InitContainerFailed`);
 - a job whose node selector no node matches (unschedulable) with `spec.scheduling.startDeadlineSeconds: 45`:
   `StartDeadlineExceeded`.
 
@@ -30,7 +32,7 @@ from tests.e2e.test_scenario8_out_of_memory import _ray_pods
 BOUND = 240  # each case ends within its bound plus the kubelet's back-offs and the operator's resync
 
 
-def _broken(namespace: str, name: str, case: str) -> dict:
+def _broken(namespace: str, name: str, case: str, rayless_image: str) -> dict:
     job = smoke_job(namespace, name=name)
     spec = job["spec"]
     spec["replay"]["verify"] = False
@@ -41,7 +43,7 @@ def _broken(namespace: str, name: str, case: str) -> dict:
         spec["trainer"] = {"backend": "slime", "image": BUSYBOX_IMAGE, "workingDir": "/",
                            "args": ["--rollout-batch-size", "2"], "gpusPerNode": 0}
     elif case == "crash":
-        spec["image"] = BUSYBOX_IMAGE
+        spec["image"] = rayless_image
     elif case == "deadline":
         spec["scheduling"] = {"startDeadlineSeconds": 45, "nodeSelector": {"forgereplay.io/pool": "none-such"}}
     return job
@@ -50,13 +52,14 @@ def _broken(namespace: str, name: str, case: str) -> dict:
 @pytest.mark.parametrize("case, reason", [("pull", "ImagePullFailed"), ("init", "InitContainerFailed"),
                                           ("crash", "CrashLoop"), ("deadline", "StartDeadlineExceeded")])
 def test_a_job_that_cannot_start_ends_with_its_reason_and_holds_nothing(real_cluster, operator_release,
-                                                                        e2e_namespace, case, reason):
+                                                                        product_images, e2e_namespace, case, reason):
     namespace = e2e_namespace
     provide_volume(real_cluster, namespace, "smoke-dumps", "ReadOnlyMany")
     provide_volume(real_cluster, namespace, "results", "ReadWriteMany")
     name = f"stuck-{case}"
     started = time.monotonic()
-    real_cluster.kubectl("apply", "-f", "-", input=json.dumps(_broken(namespace, name, case)))
+    real_cluster.kubectl("apply", "-f", "-", input=json.dumps(_broken(namespace, name, case,
+                                                                             product_images.operator.reference)))
     job = wait_for_phase(real_cluster, namespace, name, {"Succeeded", "Failed"}, BOUND)
     took = time.monotonic() - started
     print(f"scenario 11: {case} ended {job['status']['phase']} in {took:.0f}s")
