@@ -15,6 +15,12 @@ engines (``--engines 0``: debug mode, no engines). On one local Ray:
 4. a ``frontier`` sweep under that budget: its frontier must equal the one read off the grid's peaks (and the
    one-job-per-point peaks), with fewer points run than the grid's and at most ceil(log2 n) + 3 points per line.
 
+The defaults: 4 samples of 16 + 240 tokens stretched to 1024 and 2048 tokens (4,096 and 8,192 tokens a step). A
+micro-batch packs whole samples, so a point's largest micro-batch is 1, 2, 4 or 8 k tokens and the peaks sit on
+those few levels, about 0.25, 0.5 and 1 GiB apart with this vocabulary: gaps wide enough for a budget 3x the
+spread from every peak (two runs of one point differed by up to 0.08 GiB on a busy 2-core box). With samples
+stretched to 512 and 1024 instead (levels up to 4 k tokens, the widest gap 0.49 GiB) no budget was 3x away.
+
 It prints the predicted and measured peak per point, points run against the grid's count, and the wall time of
 the frontier sweep, the grid sweep and one job per point. Exit 1 when a check fails.
 
@@ -224,9 +230,9 @@ def check(frontier: dict, grid_frontier: dict, job_frontier: dict | None, args) 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stretch", type=increasing_ints, default=[512, 1024],
+    parser.add_argument("--stretch", type=increasing_ints, default=[1024, 2048],
                         help="replay.stretch.maxTokens values (each >= --prompt-len + --response-len)")
-    parser.add_argument("--micro-batch", type=increasing_ints, default=[256, 512, 768, 1024, 1536, 2048, 2560, 4096],
+    parser.add_argument("--micro-batch", type=increasing_ints, default=[256, 512, 1024, 1536, 2048, 2560, 4096, 8192],
                         help="trainer.microBatchTokens values, the searched axis (>= 8 to exercise the bound)")
     parser.add_argument("--vocab", type=positive_int, default=16384)
     parser.add_argument("--samples", type=positive_int, default=4, help="samples per rollout (prompts x 4)")
