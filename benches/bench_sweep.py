@@ -17,14 +17,14 @@ engines (``--engines 0``: debug mode, no engines). On one local Ray:
 
 The defaults: 4 samples of 16 + 240 tokens stretched to 1024 and 2048 tokens (4,096 and 8,192 tokens a step). A
 micro-batch packs whole samples, so a point's largest micro-batch is 1, 2, 4 or 8 k tokens and the peaks sit on
-those few levels, about 0.25, 0.5 and 1 GiB apart with this vocabulary: gaps wide enough for a budget 3x the
+those few levels, about 0.25, 0.5 and 0.75 GiB apart with this vocabulary: gaps wide enough for a budget 3x the
 spread from every peak (two runs of one point differed by up to 0.08 GiB on a busy 2-core box). With samples
 stretched to 512 and 1024 instead (levels up to 4 k tokens, the widest gap 0.49 GiB) no budget was 3x away.
 
 It prints the predicted and measured peak per point, points run against the grid's count, and the wall time of
 the frontier sweep, the grid sweep and one job per point. Exit 1 when a check fails.
 
-    python benches/bench_sweep.py                 # 2 x 8 points; about 15 minutes on 2 busy cores
+    python benches/bench_sweep.py                 # 2 x 8 points; about 10 minutes on 2 busy cores
     python benches/bench_sweep.py --jobs 4        # 4 of the 16 points as jobs of their own, extrapolated
 
 Results go in docs/benchmarks.md ("Sweep (issue 32)"), with the machine and the date.
