@@ -21,6 +21,8 @@ CASES = [
     ("gpu_memory_peak.py", ["--out", "{file}/results"], "argument --out: cannot create"),
     ("gpu_check.py", ["--steps", "zero"], "argument --steps: must be an integer >= 1 (got 'zero')"),
     ("bench_operator.py", ["--burst", "0"], "argument --burst: must be an integer >= 1"),
+    ("bench_sweep.py", ["--micro-batch", "512,256"], "argument --micro-batch: expected strictly increasing integers"),
+    ("bench_sweep.py", ["--stretch", "128"], "argument --stretch: every value must be >= --prompt-len"),
 ]
 
 
