@@ -101,10 +101,10 @@ class Options:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the ephemeral range (runtime/ports.py)."""
+    from forge_replay.runtime.ports import free_port as outside_ephemeral_range
+
+    return outside_ephemeral_range("127.0.0.1")
 
 
 def _die_with_parent() -> None:

@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any, Callable
 import yaml
 
 from forge_replay.controller.kube import Kube
+from forge_replay.runtime import ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,9 +59,8 @@ def job_doc(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1, outside the ephemeral range (runtime/ports.py)."""
+    return ports.free_port("127.0.0.1")
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.5) -> Any:

@@ -9,7 +9,7 @@ import multiprocessing
 import queue
 
 import torch
-from forge_replay.runtime.engines.process import free_port
+from forge_replay.runtime.ports import free_port
 from forge_replay.runtime.weights.distributed import init_group_body, join_weight_group, plan_weight_group
 
 SENT = torch.arange(12, dtype=torch.float32).reshape(3, 4) * 0.5

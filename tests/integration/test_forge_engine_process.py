@@ -23,9 +23,9 @@ from forge_replay.runtime.engines.process import (
     EngineStartError,
     ModelSource,
     build_engine_argv,
-    free_port,
     probe_health,
 )
+from forge_replay.runtime.ports import free_port
 from forge_replay.runtime.weights.calls import WeightSyncError, begin_weight_update, end_weight_update, release_memory
 from forge_replay.runtime.weights.disk import push_weights_from_disk, write_versioned_checkpoint
 from tests.integration.processes import pid_alive

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,10 @@ from forge_replay.runtime.engines.process import (  # noqa: E402
     EngineProcess,
     ModelSource,
     build_engine_argv,
-    free_port,
     probe_health,
 )
 from forge_replay.runtime.engines.router import Router  # noqa: E402
+from forge_replay.runtime.ports import free_port  # noqa: E402
 
 DOUBLE = Path(__file__).resolve().parents[1] / "doubles" / "sglang_double.py"
 
@@ -38,8 +39,11 @@ def test_router_fronts_the_engines_swaps_a_recovered_one_and_stops(tmp_path):
     router = Router([e.url for e in engines[:2]], "127.0.0.1", tmp_path)
     try:
         router.start()
-        router.process.wait_healthy(60)
+        router.wait_ready(60)
         assert router.worker_urls() == sorted(e.url for e in engines[:2])
+        # its Prometheus server on the port it was given, not sglang_router's default 29000 that every router shares
+        with urllib.request.urlopen(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=10) as metrics:
+            assert metrics.status == 200
         router.replace_worker(engines[1].url, engines[2].url)  # engine 1 came back at another address
         deadline = time.monotonic() + 20
         while router.worker_urls() != sorted([engines[0].url, engines[2].url]) and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from forge_replay.runtime.engines.http import engine_call
-from forge_replay.runtime.engines.process import free_port
+from forge_replay.runtime.ports import free_port
 from forge_replay.runtime.weights.calls import WeightSyncError, begin_weight_update, post_weight_request
 from forge_replay.runtime.weights.ipc import serialize_named_tensors, update_request_body
 from forge_replay.runtime.weights.tensor import EngineFeed

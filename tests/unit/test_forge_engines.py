@@ -178,7 +178,7 @@ def test_router_only_in_front_of_several_sglang_engines():
     assert not plan_router(4, True, True).launch
     assert "not installed" in plan_router(4, False, False).reason
     assert plan_router(4, False, True).launch
-    argv = build_router_argv(["http://a:1", "http://b:2"], "0.0.0.0", 30000)
+    argv = build_router_argv(["http://a:1", "http://b:2"], "0.0.0.0", 30000, 30001)
     assert argv[1:3] == ["-m", "sglang_router.launch_router"] and argv[-3:] == ["--worker-urls", "http://a:1", "http://b:2"]
     assert "--disable-health-check" in argv  # our monitor probes; the router's own checks would generate mid-push
 
@@ -186,8 +186,9 @@ def test_router_only_in_front_of_several_sglang_engines():
 def test_the_router_argv_parses_with_sglang_routers_own_parser():
     """The flag names are sglang_router's (0.3.2: ``--disable-health-check`` in router_args.py)."""
     launch = pytest.importorskip("sglang_router.launch_router")
-    args = launch.parse_router_args(build_router_argv(["http://a:1", "http://b:2"], "127.0.0.1", 30000)[3:])
+    args = launch.parse_router_args(build_router_argv(["http://a:1", "http://b:2"], "127.0.0.1", 30000, 30001)[3:])
     assert args.disable_health_check is True and args.worker_urls == ["http://a:1", "http://b:2"]
+    assert (args.port, args.prometheus_port, args.prometheus_host) == (30000, 30001, "127.0.0.1")
 
 
 def test_nvidia_smi_lines_are_summed_for_our_processes_only():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 
 from forge_replay.backends import launch, probe
 from forge_replay.backends.publish import PROBE_FOLDER
+from forge_replay.runtime.ports import free_ports
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -43,12 +43,6 @@ def local_plan(spec: Any, trainer_root: str, dumps_root: str, results_dir: str,
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 PORT_OPTIONS = (
     "--port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
     "--metrics-export-port", "--node-manager-port", "--object-manager-port", "--runtime-env-agent-port",
@@ -61,7 +55,7 @@ class LocalHead:
     """``ray start --head --block`` in a session of its own, on free ports; :meth:`stop` ends that session."""
 
     def __init__(self, num_cpus: int, log_path: str):
-        self.ports = {option: _free_port() for option in PORT_OPTIONS}
+        self.ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS), "127.0.0.1"), strict=True))
         self.dashboard = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
         argv = ["ray", "start", "--head", "--block", "--num-cpus", str(num_cpus), "--include-dashboard=true",
                 "--dashboard-host", "127.0.0.1", "--disable-usage-stats"]

@@ -26,8 +26,8 @@ from forge_replay.runtime.engines.process import (
     ModelSource,
     build_engine_argv,
     engine_env,
-    free_port,
 )
+from forge_replay.runtime.ports import free_port
 from forge_replay.runtime.weights.disk import stage_checkpoint
 
 log = logging.getLogger(__name__)

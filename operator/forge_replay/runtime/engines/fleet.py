@@ -274,7 +274,7 @@ class EngineFleet(DistributedPush):
         if self.router_plan.launch:
             self.router = Router([e.info.url for e in self.engines], self._node_ip or "127.0.0.1", self.work_dir)
             self.router.start()
-            self.router.process.wait_healthy(self.settings.startup_timeout_s)
+            self.router.wait_ready(self.settings.startup_timeout_s)
         if self.plan.health_monitors:
             self.monitor = HealthMonitor(
                 ROLLOUT_GROUP, self.targets, probe_health, self._stop_failed_engine,

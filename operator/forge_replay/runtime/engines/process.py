@@ -14,7 +14,6 @@ import logging
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -194,13 +193,6 @@ def engine_count(num_gpus: int, num_gpus_per_engine: int) -> int:
             f"spec.rollout: numGpus {num_gpus} must be a positive multiple of numGpusPerEngine {num_gpus_per_engine}"
         )
     return num_gpus // num_gpus_per_engine
-
-
-def free_port(host: str = "") -> int:
-    """A TCP port free right now on this host."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- probe

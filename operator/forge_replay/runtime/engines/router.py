@@ -12,13 +12,15 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from forge_replay.runtime.engines.http import EngineHTTPError, engine_call
-from forge_replay.runtime.engines.process import ROUTER_LOG, EngineProcess, free_port
+from forge_replay.runtime.engines.process import ROUTER_LOG, EngineProcess, EngineStartError
+from forge_replay.runtime.ports import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +50,55 @@ def router_installed() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
 
 
-def build_router_argv(worker_urls: Sequence[str], host: str, port: int) -> list[str]:
-    """argv of ``sglang_router.launch_router`` for ``worker_urls``, with the router's own worker health checks off
-    (``--disable-health-check``, sglang_router 0.3.2 ``router_args.py``): they probe ``/health`` every 60 s, which
-    on sglang runs a generation, during weight pushes too. The fleet's own monitor probes, gated by rollout FT."""
+def build_router_argv(worker_urls: Sequence[str], host: str, port: int, metrics_port: int) -> list[str]:
+    """argv of ``sglang_router.launch_router`` for ``worker_urls`` (flags of sglang_router 0.3.2 ``router_args.py``).
+
+    The router's own worker health checks are off (``--disable-health-check``): they probe ``/health`` every 60 s,
+    which on sglang runs a generation, during weight pushes too; the fleet's own monitor probes, gated by rollout FT.
+    Its Prometheus server gets a free port on ``host`` (``--prometheus-port``, default 0.0.0.0:29000): two routers on
+    one node, two runs or two tests, would otherwise both want 29000."""
     return [sys.executable, "-m", ROUTER_MODULE, "--host", host, "--port", str(port), "--disable-health-check",
-            "--worker-urls", *worker_urls]
+            "--prometheus-host", host, "--prometheus-port", str(metrics_port), "--worker-urls", *worker_urls]
+
+
+class RouterStartError(EngineStartError):
+    """The router did not come up, or did not list every engine it was started with in time."""
 
 
 class Router:
     """A running sglang_router process."""
 
     def __init__(self, worker_urls: Sequence[str], host: str, log_dir: Path):
-        self.port = free_port()
+        self.port, self.metrics_port = free_ports(2, host)
         self.url = f"http://{host}:{self.port}"
-        self.process = EngineProcess(build_router_argv(worker_urls, host, self.port), self.url, Path(log_dir) / ROUTER_LOG)
+        self.expected_workers = sorted(worker_urls)
+        argv = build_router_argv(worker_urls, host, self.port, self.metrics_port)
+        self.process = EngineProcess(argv, self.url, Path(log_dir) / ROUTER_LOG)
 
     def start(self) -> None:
         self.process.start()
+
+    def wait_ready(self, timeout_s: float, poll_s: float = 0.2) -> float:
+        """Wait until the router answers and lists every engine it was started with; the seconds it took.
+
+        sglang_router registers ``--worker-urls`` in the background: its ``/health`` answers before they are listed,
+        and a request in between finds no worker."""
+        started = time.monotonic()
+        self.process.wait_healthy(timeout_s)
+        listed: list[str] = []
+        while True:
+            listed = self.worker_urls()
+            if listed == self.expected_workers:
+                return time.monotonic() - started
+            if not self.process.alive():
+                raise RouterStartError(f"router at {self.url} exited before it listed its engines\n"
+                                       f"last lines of {self.process.log_path}:\n{self.process.log_tail()}")
+            if time.monotonic() - started > timeout_s:
+                missing = sorted(set(self.expected_workers) - set(listed))
+                raise RouterStartError(f"router at {self.url} did not list engines {missing} within {timeout_s:.0f} s "
+                                       f"(it lists {listed})\nlast lines of {self.process.log_path}:\n"
+                                       f"{self.process.log_tail()}")
+            time.sleep(poll_s)
 
     def worker_urls(self) -> list[str]:
         """The workers the router knows (``GET /workers``, sglang_router >= 0.2)."""

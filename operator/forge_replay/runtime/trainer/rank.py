@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass
 
+from forge_replay.runtime.ports import free_port
 from forge_replay.runtime.trainer.batching import MicroBatch, segment_bounds
 from forge_replay.runtime.trainer.memory import MemoryProbe, dump_memory_snapshot, start_memory_history
 from forge_replay.runtime.trainer.oom import RankWatch, allocator_error, in_phase
@@ -105,10 +105,7 @@ class TrainerRank:
         """This node's address and a free port for the rendezvous (called on rank 0)."""
         import ray
 
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port()
 
     def init_process_group(self, master_addr: str, master_port: int) -> None:
         import torch
