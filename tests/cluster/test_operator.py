@@ -344,6 +344,22 @@ def test_spec_the_crd_lets_through_but_validate_refuses_gets_spec_valid_false(co
     assert not any(api.children(namespace, "badargs").values())
 
 
+def test_a_stretch_beyond_the_inline_models_positions_is_refused_before_launch_without_verify(control_plane, operator,
+                                                                                              api, namespace) -> None:
+    """verify: false runs no verify Job, yet a stretch past the inline model's positions (a llama config's default
+    2048) could only fail in the trainer, with its GPUs held: the operator refuses it first, as validate does."""
+    import json
+
+    doc = job_doc("toolong", namespace, replay__stretch={"maxTokens": 4096})
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    spec_valid = wait_for("SpecValid=False", lambda: (c := api.condition(namespace, "toolong", "SpecValid"))
+                          .get("status") == "False" and c)
+    assert spec_valid["message"].startswith(
+        "spec.replay.stretch.maxTokens: 4096 is more than the model's 2048 positions"), spec_valid
+    assert api.status(namespace, "toolong")["phase"] == "Failed"
+    assert not any(api.children(namespace, "toolong").values())
+
+
 @pytest.mark.parametrize("case", ["forge-memtest", "debug-checkpoint", "forge-colocated-cpu"])
 def test_rendered_objects_pass_strict_server_side_validation(control_plane, namespace, case) -> None:
     """Every object render() makes is accepted by the API server and KubeRay's CRD schema, no field unknown."""

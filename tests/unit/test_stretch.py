@@ -196,3 +196,30 @@ def test_validate_refuses_max_tokens_beyond_an_inline_model_configs_positions(tm
         result = CliRunner().invoke(main, ["validate", str(tmp_path / "job.yaml")])
         assert result.exit_code == code, result.output
         assert (f"job.yaml: {STRETCH_FIELD}: 65 is more than the model's 64 positions" in result.output) == (code == 1)
+
+
+def test_a_sweeps_stretch_beyond_an_inline_model_configs_positions_is_refused_before_anything_runs(tmp_path):
+    """Each point stretched past the model would be refused when it ran; validate, the pre-flight (and the operator,
+    through the same function) refuse the sweep first, naming the axis and the points."""
+    from forge_replay.dumps.model_limits import inline_position_problems
+
+    axis = {"field": "replay.stretch.maxTokens", "values": [32, 64, 96, 128]}
+    doc = _stretch_job(32)
+    doc["spec"]["sweep"] = {"axes": [axis], "budgetGiB": 4}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "job.yaml")])
+    assert result.exit_code == 1, result.output
+    refusal = "job.yaml: spec.sweep.axes[0]: replay.stretch.maxTokens 96, 128 are more than the model's 64 positions"
+    assert refusal in result.output
+    job = parse_job(doc)
+    assert [p.path for p in inline_position_problems(job.spec)] == ["spec.sweep.axes[0]"]
+    (tmp_path / "dumps").mkdir()
+    save(tmp_path / "dumps" / "rollout_0.pt", 0, _samples())
+    config = RuntimeConfig(job=job, dumps_root=str(tmp_path / "dumps"), results_dir=str(tmp_path / "out"))
+    with pytest.raises(UnusableInput, match=r"spec\.sweep\.axes\[0\]: replay\.stretch\.maxTokens 96, 128 are"):
+        preflight(config)
+    axis["values"] = [32, 64]
+    assert inline_position_problems(parse_job(doc).spec) == []
+    unknown_type = {**doc["spec"]["model"]["config"], "architectures": ["SomeNewForCausalLM"]}
+    doc["spec"]["model"]["config"], axis["values"] = unknown_type, [32, 128]
+    assert inline_position_problems(parse_job(doc).spec) == []  # read only through transformers: the pre-flight's

@@ -29,6 +29,8 @@ def validate_files(files: list[str], out=None) -> int:
     or holds no ForgeReplayJob (2 wins over 1). Other kinds next to a ForgeReplayJob (a GitOps folder,
     `render | validate -`) are skipped with a note.
     """
+    from forge_replay.dumps.model_limits import inline_position_problems
+
     out = out or sys.stdout
     worst = EXIT_OK
     for name in files:
@@ -63,7 +65,7 @@ def validate_files(files: list[str], out=None) -> int:
                     print(f"{where}: {problem}", file=out)
                 worst = max(worst, EXIT_INVALID)
             else:
-                problems = inline_model_problems(job)
+                problems = inline_position_problems(job.spec)
                 for problem in problems:
                     print(f"{where}: {problem}", file=out)
                 if problems:
@@ -74,19 +76,6 @@ def validate_files(files: list[str], out=None) -> int:
                 for note in job_notes(job.spec):
                     print(f"{where}: note: {note}", file=out)
     return worst
-
-
-def inline_model_problems(job) -> list[str]:
-    """What a spec's own inline model config (spec.model.config) refuses, read without transformers and without any
-    dump: spec.replay.stretch.maxTokens beyond its positions. A config of a type read only through transformers, or a
-    checkpoint on a claim, is checked by the pre-flight and the verify Job instead."""
-    from forge_replay.dumps.model_limits import limits_from_dict
-    from forge_replay.dumps.stretch import position_problem
-
-    stretch, config = job.spec.replay.stretch, job.spec.model.config
-    limits = limits_from_dict(config) if stretch is not None and config is not None else None
-    problem = position_problem(stretch.max_tokens, limits.max_positions) if limits is not None else None
-    return [problem] if problem else []
 
 
 @click.command()

@@ -47,6 +47,7 @@ from forge_replay.controller.status import (
     verify_state,
 )
 from forge_replay.controller.stuck import verify_pod_note
+from forge_replay.dumps.model_limits import inline_position_problems
 
 log = logging.getLogger("forge_replay.controller")
 
@@ -223,6 +224,9 @@ class Reconciler:
         # Not launched yet (no rayJobName): the launch path get-or-creates the RayJob, so it is not read first.
         try:
             job = parse_job({k: v for k, v in body.items() if k != "status"})
+            beyond_the_model = inline_position_problems(job.spec)  # what validate refuses too, before any GPU
+            if beyond_the_model:
+                raise SpecInvalid(beyond_the_model)
         except SpecInvalid as invalid:
             launched = self._launched(namespace, name, meta.get("uid"))
             if launched is None:

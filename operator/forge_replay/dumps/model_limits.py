@@ -7,16 +7,26 @@ are those the trainer builds with (tests/unit/test_verify_record.py checks this 
 transformers). The keys read: ``vocab_size`` and ``max_position_embeddings`` (gpt2 also ``n_positions``, which its
 config maps to ``max_position_embeddings``); the model type from ``model_type``, else from ``architectures[0]``.
 Any other model type (multimodal configs nest their text model's keys) is read through transformers.
+
+:func:`position_problems` checks a spec's stretch (its own and its sweep points') against those positions; for an
+inline config :func:`inline_position_problems` does it before anything is launched. Not imported in a trainer image
+(it reads the spec's pydantic models): :mod:`~forge_replay.dumps.stretch` holds what the trainer needs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from forge_replay.api.names import Problem
+from forge_replay.api.sweep import axis_values
 from forge_replay.dumps.convert import NO_LIMITS, ModelLimits
 from forge_replay.dumps.model_config import ModelError, config_from_dict
+from forge_replay.dumps.stretch import STRETCH_FIELD, too_long
+
+if TYPE_CHECKING:
+    from forge_replay.api import ForgeReplayJobSpec
 
 TYPE_DEFAULTS: dict[str, tuple[int, int]] = {
     # model_type: (vocab_size, max_position_embeddings) of transformers' config class when the keys are absent
@@ -92,6 +102,36 @@ def limits_from_dict(config: dict[str, Any]) -> ModelLimits | None:
     positions_key = alias if alias and alias in config else "max_position_embeddings"
     return ModelLimits(positive_limit(config.get("vocab_size", vocab_default)),
                        positive_limit(config.get(positions_key, positions_default)))
+
+
+def position_problems(spec: ForgeReplayJobSpec, max_positions: int | None) -> list[Problem]:
+    """Where ``spec`` stretches beyond a model of ``max_positions`` positions: its own ``replay.stretch.maxTokens``
+    and every value a ``spec.sweep`` axis gives it (each such point would be refused when it ran: refused before
+    anything is launched instead). None known: nothing to check."""
+    if max_positions is None:
+        return []
+    problems = []
+    if spec.replay.stretch is not None and spec.replay.stretch.max_tokens > max_positions:
+        problems.append(Problem(STRETCH_FIELD, too_long(str(spec.replay.stretch.max_tokens), max_positions)))
+    for index, axis in enumerate(spec.sweep.axes if spec.sweep is not None else []):
+        if axis.field == STRETCH_FIELD.removeprefix("spec."):
+            beyond = [value for value in axis_values(axis) if value > max_positions]
+            if beyond:
+                values = ", ".join(str(value) for value in beyond)
+                verb = "are" if len(beyond) > 1 else "is"
+                problems.append(Problem(f"spec.sweep.axes[{index}]",
+                                        too_long(f"{axis.field} {values}", max_positions, verb)))
+    return problems
+
+
+def inline_position_problems(spec: ForgeReplayJobSpec) -> list[Problem]:
+    """What the spec's own inline model config (``spec.model.config``) refuses, read without transformers and without
+    any dump: a stretch (the spec's, or a sweep point's) beyond its positions. `forge-replay validate` and the operator
+    refuse it before anything is launched, so no GPU is held for a run that cannot start. A config of a type read
+    only through transformers, or a checkpoint on a claim, is checked by the pre-flight and the verify Job instead."""
+    config = spec.model.config
+    limits = limits_from_dict(config) if config is not None else None
+    return position_problems(spec, limits.max_positions) if limits is not None else []
 
 
 def positive_limit(value: Any) -> int | None:

@@ -59,9 +59,13 @@ def position_problem(max_tokens: int, max_positions: int | None) -> str | None:
     """Why ``maxTokens`` cannot be trained by a model of ``max_positions`` positions (max_position_embeddings), or None
     (also when the model's positions are not known). The stretched longest sample is exactly ``max_tokens`` long."""
     if max_positions is not None and max_tokens > max_positions:
-        return (f"{STRETCH_FIELD}: {max_tokens} is more than the model's {max_positions} positions "
-                f"(max_position_embeddings); the stretched longest sample would not fit the model")
+        return f"{STRETCH_FIELD}: {too_long(str(max_tokens), max_positions)}"
     return None
+
+
+def too_long(max_tokens: str, max_positions: int, verb: str = "is") -> str:
+    return (f"{max_tokens} {verb} more than the model's {max_positions} positions (max_position_embeddings); the "
+            f"stretched longest sample would not fit the model")
 
 
 def _length(value: Any) -> int | None:

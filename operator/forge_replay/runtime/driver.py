@@ -104,8 +104,7 @@ def preflight(config, progress: bool = False, plan: ReplayPlan | None = None) ->
     ``progress`` shows verify's progress bar; ``plan`` is the run's (:func:`plan_replay`), planned here when not given.
     """
     from forge_replay.dumps.model_config import ModelError
-    from forge_replay.dumps.model_limits import model_limits
-    from forge_replay.dumps.stretch import position_problem
+    from forge_replay.dumps.model_limits import model_limits, position_problems
     from forge_replay.runtime.rollout_manager import forge_prerequisite_problem
     from forge_replay.runtime.trainer.model import model_source
 
@@ -125,10 +124,10 @@ def preflight(config, progress: bool = False, plan: ReplayPlan | None = None) ->
         raise UnusableInput(str(exc)) from None
     if note:
         log.warning("%s", note)
-    if spec.replay.stretch is not None:  # the stretched longest sample is maxTokens long: refused before Ray
-        problem = position_problem(spec.replay.stretch.max_tokens, limits.max_positions)
-        if problem:
-            raise UnusableInput(problem)
+    # the stretched longest sample is maxTokens long (the spec's, or a sweep point's): refused before Ray
+    problems = position_problems(spec, limits.max_positions)
+    if problems:
+        raise UnusableInput("; ".join(str(problem) for problem in problems))
     checked = None
     if spec.replay.verify:
         checked = verify_or_raise(config, limits, note, progress).preflight()
