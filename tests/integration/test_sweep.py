@@ -151,3 +151,21 @@ def test_forge_sweep_starts_engines_once_per_configuration_and_pushes_every_step
     assert large - small > 0.5, peaks  # the larger point's peak is its own ...
     assert abs(after_large - small) < 0.25, peaks  # ... and the point after it peaks as it does alone
     assert "frontier of trainer.microBatchTokens" in result.stderr
+
+
+def test_a_rollout_manager_that_died_with_an_oom_point_is_seen_dead_and_stopped_cleanly(debug_sweep):
+    """Ray's memory monitor (2.56 on) may stop several workers at once: the rank that ran out and the rollout manager
+    the sweep keeps between points. The sweep asks the warm manager whether it still answers after an out-of-memory
+    point and starts it anew when it does not (seen in real pods: the next point failed on the dead manager)."""
+    from forge_replay.runtime.driver import WarmEngines, place_and_manage, preflight
+
+    _, config, _ = debug_sweep
+    placement, manager = place_and_manage(config, preflight(config), fixed_cluster=False)
+    warm = WarmEngines(placement, manager)
+    try:
+        assert warm.alive()
+        ray.kill(manager)  # its process ends, as when the memory monitor kills it
+        assert not warm.alive(timeout_s=10)
+    finally:
+        warm.stop()  # a dead manager is stopped without error, its placement group removed
+    assert ray.util.placement_group_table(placement)["state"] == "REMOVED"

@@ -151,6 +151,17 @@ class WarmEngines:
         """Stop the manager (its engines) and remove the placement group."""
         _shutdown(self.manager, None, self.placement)
 
+    def alive(self, timeout_s: float = 30.0) -> bool:
+        """Whether the rollout manager still answers: Ray's memory monitor may stop several workers at once (Ray 2.56
+        and later), so a point whose rank ran out of memory can take the manager with it."""
+        import ray
+
+        try:
+            ray.get(self.manager.fallback_count.remote(), timeout=timeout_s)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        return True
+
 
 def place_and_manage(config, prepared: Prepared, fixed_cluster: bool) -> tuple[object, object]:
     """Place the trainer's ranks and create the rollout manager (its engines not started yet: ``manager.start``);

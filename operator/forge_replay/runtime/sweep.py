@@ -224,6 +224,10 @@ class SweepRun:
         if report.out_of_memory is not None and (report.out_of_memory.get("where") or {}).get("component") != "trainer":
             log.warning("sweep point %d (%s): out of memory outside the trainer: the engines start anew", index, named)
             self.stop_engines()  # an engine (or the head) that ran out is not one to keep using
+        elif report.out_of_memory is not None and self.warm is not None and not self.warm.alive():
+            log.warning("sweep point %d (%s): the rollout manager died with the rank that ran out of memory (Ray's "
+                        "memory monitor stops several workers at once): it and its engines start anew", index, named)
+            self.stop_engines()
         self.rollouts_done += report.completed
         result = point_result(report, values)
         log.info("sweep point %d (%s): %s in %.1f s", index, named, getattr(result, "outcome", "?"),
