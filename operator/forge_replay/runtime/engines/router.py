@@ -85,20 +85,18 @@ class Router:
         and a request in between finds no worker."""
         started = time.monotonic()
         self.process.wait_healthy(timeout_s)
-        listed: list[str] = []
-        while True:
-            listed = self.worker_urls()
-            if listed == self.expected_workers:
-                return time.monotonic() - started
+        while (listed := self.worker_urls()) != self.expected_workers:
             if not self.process.alive():
-                raise RouterStartError(f"router at {self.url} exited before it listed its engines\n"
-                                       f"last lines of {self.process.log_path}:\n{self.process.log_tail()}")
-            if time.monotonic() - started > timeout_s:
+                problem = "exited before it listed its engines"
+            elif time.monotonic() - started > timeout_s:
                 missing = sorted(set(self.expected_workers) - set(listed))
-                raise RouterStartError(f"router at {self.url} did not list engines {missing} within {timeout_s:.0f} s "
-                                       f"(it lists {listed})\nlast lines of {self.process.log_path}:\n"
-                                       f"{self.process.log_tail()}")
-            time.sleep(poll_s)
+                problem = f"did not list engines {missing} within {timeout_s:.0f} s (it lists {listed})"
+            else:
+                time.sleep(poll_s)
+                continue
+            raise RouterStartError(f"router at {self.url} {problem}\nlast lines of {self.process.log_path}:\n"
+                                   f"{self.process.log_tail()}")
+        return time.monotonic() - started
 
     def worker_urls(self) -> list[str]:
         """The workers the router knows (``GET /workers``, sglang_router >= 0.2)."""
